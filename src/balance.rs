@@ -1,0 +1,132 @@
+//! Backend selection: least outstanding requests relative to weight, ties broken at random.
+//!
+//! A pure function over a slice of candidates, so it is tested (and benchmarked) alone.
+
+use rand::Rng;
+
+/// What selection needs to know about one backend of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    /// Requests in flight on this backend now.
+    pub outstanding: u32,
+    /// Relative capacity, at least 1.
+    pub weight: u32,
+    /// In-flight cap; a backend at its cap is skipped.
+    pub max_outstanding: u32,
+    /// False when the backend must not get new requests (unhealthy, excluded, already tried).
+    pub eligible: bool,
+}
+
+impl Candidate {
+    /// Whether this candidate may take one more request.
+    pub fn available(&self) -> bool {
+        self.eligible && self.outstanding < self.max_outstanding
+    }
+}
+
+/// Compares the load after adding one request, `(outstanding + 1) / weight`, without division.
+fn lighter(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    let load_a = (u64::from(a.outstanding) + 1) * u64::from(b.weight.max(1));
+    let load_b = (u64::from(b.outstanding) + 1) * u64::from(a.weight.max(1));
+    load_a.cmp(&load_b)
+}
+
+/// Picks the available candidate with the least weighted outstanding load.
+///
+/// Candidates tied at that load are chosen between uniformly at random (reservoir sampling in
+/// one pass), which is what power-of-two choices reduces to when both draws are equally loaded:
+/// no backend becomes the default target when the pool is idle.
+pub fn pick<R: Rng + ?Sized>(candidates: &[Candidate], rng: &mut R) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    let mut ties = 0u32;
+    for (index, candidate) in candidates.iter().enumerate() {
+        if !candidate.available() {
+            continue;
+        }
+        match best.map(|b| lighter(candidate, &candidates[b])) {
+            None | Some(std::cmp::Ordering::Less) => {
+                best = Some(index);
+                ties = 1;
+            }
+            Some(std::cmp::Ordering::Equal) => {
+                ties += 1;
+                if rng.random_range(0..ties) == 0 {
+                    best = Some(index);
+                }
+            }
+            Some(std::cmp::Ordering::Greater) => {}
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn cand(outstanding: u32, weight: u32) -> Candidate {
+        Candidate {
+            outstanding,
+            weight,
+            max_outstanding: 100,
+            eligible: true,
+        }
+    }
+
+    #[test]
+    fn least_outstanding_wins() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let pool = [cand(3, 1), cand(1, 1), cand(2, 1)];
+        for _ in 0..50 {
+            assert_eq!(pick(&pool, &mut rng), Some(1));
+        }
+    }
+
+    #[test]
+    fn weight_scales_the_load() {
+        let mut rng = StdRng::seed_from_u64(2);
+        // (4+1)/3 < (1+1)/1: the heavy backend still wins with four in flight.
+        assert_eq!(pick(&[cand(1, 1), cand(4, 3)], &mut rng), Some(1));
+        // (6+1)/3 > (1+1)/1.
+        assert_eq!(pick(&[cand(1, 1), cand(6, 3)], &mut rng), Some(0));
+    }
+
+    #[test]
+    fn skips_ineligible_and_capped_backends() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut down = cand(0, 1);
+        down.eligible = false;
+        let mut full = cand(5, 1);
+        full.max_outstanding = 5;
+        assert_eq!(pick(&[down, full, cand(9, 1)], &mut rng), Some(2));
+        assert_eq!(pick(&[down, full], &mut rng), None);
+        assert_eq!(pick(&[], &mut rng), None);
+    }
+
+    #[test]
+    fn ties_are_spread_evenly() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let pool = [cand(2, 1), cand(0, 1), cand(0, 1), cand(0, 1), cand(1, 1)];
+        let mut hits = [0u32; 5];
+        for _ in 0..3000 {
+            hits[pick(&pool, &mut rng).unwrap()] += 1;
+        }
+        assert_eq!(hits[0] + hits[4], 0);
+        for &h in &hits[1..4] {
+            assert!((800..1200).contains(&h), "uneven tie break: {hits:?}");
+        }
+    }
+
+    #[test]
+    fn sequential_picks_fill_by_weight() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut pool = [cand(0, 1), cand(0, 3)];
+        for _ in 0..40 {
+            let i = pick(&pool, &mut rng).unwrap();
+            pool[i].outstanding += 1;
+        }
+        assert_eq!((pool[0].outstanding, pool[1].outstanding), (10, 30));
+    }
+}

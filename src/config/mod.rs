@@ -1,0 +1,276 @@
+//! Typed YAML configuration: what the file may say, its defaults, and loading it.
+//!
+//! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
+
+pub mod duration;
+mod validate;
+
+pub use validate::{backend_addr, ConfigError, ConfigErrors};
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the proxy listens on for client traffic.
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// Worker threads of the proxy's runtime.
+    #[serde(default = "defaults::threads")]
+    pub threads: usize,
+    /// The admin listener (status JSON); absent means none.
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+    /// Upstream timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// How often a request whose connect failed is tried again on another backend.
+    #[serde(default = "defaults::connect_retries")]
+    pub connect_retries: usize,
+    /// Time in-flight requests get to finish on graceful shutdown (SIGTERM).
+    #[serde(default = "defaults::shutdown_timeout", with = "duration")]
+    pub shutdown_timeout: Duration,
+    /// Header carrying the request id; added when the client sent none, echoed back.
+    #[serde(default = "defaults::request_id_header")]
+    pub request_id_header: String,
+    /// The inference workers.
+    pub backends: Vec<BackendConfig>,
+    /// Named sets of backends; when absent, one pool `default` holds every backend.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    /// Request classes, matched in order; when absent, one class `default` uses the only pool.
+    #[serde(default)]
+    pub classes: Vec<ClassConfig>,
+    /// Class of requests no rule matches; may be omitted when there is one class.
+    #[serde(default)]
+    pub default_class: Option<String>,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener (keep it on loopback).
+    pub listen: SocketAddr,
+}
+
+/// Upstream timeouts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Longest wait for a TCP connection to a backend.
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
+    pub connect: Duration,
+    /// Longest silence while reading from a backend: bounds the time to the response's first
+    /// byte and every gap between streamed chunks (pingora applies one per-read timeout).
+    #[serde(default = "defaults::read_timeout", with = "duration")]
+    pub read: Duration,
+    /// Longest wait for one write of the request to a backend.
+    #[serde(default = "defaults::write_timeout", with = "duration")]
+    pub write: Duration,
+    /// How long an idle upstream keep-alive connection is kept for reuse.
+    #[serde(default = "defaults::upstream_idle_timeout", with = "duration")]
+    pub upstream_keepalive: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: defaults::connect_timeout(),
+            read: defaults::read_timeout(),
+            write: defaults::write_timeout(),
+            upstream_keepalive: defaults::upstream_idle_timeout(),
+        }
+    }
+}
+
+/// One inference worker.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Unique name; live state (outstanding counts) is kept by name across reloads.
+    pub name: String,
+    /// `http://host:port` of the worker.
+    pub url: String,
+    /// Relative capacity: a weight-2 backend is given twice the outstanding requests.
+    #[serde(default = "defaults::weight")]
+    pub weight: u32,
+    /// Most requests in flight on this backend at once; beyond it the backend is skipped.
+    #[serde(default = "defaults::max_outstanding")]
+    pub max_outstanding: u32,
+}
+
+/// A named set of backends.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Unique pool name, referred to by classes.
+    pub name: String,
+    /// Names of the backends in this pool.
+    pub backends: Vec<String>,
+}
+
+/// A class of requests: which requests belong to it, where they go, and its limits.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Unique class name.
+    pub name: String,
+    /// Rules a request must all satisfy to join this class; empty matches everything.
+    #[serde(default, rename = "match")]
+    pub matcher: MatchConfig,
+    /// Pool serving this class.
+    pub pool: String,
+    /// Most requests of this class in flight at once across its pool; absent means no cap.
+    #[serde(default)]
+    pub max_outstanding: Option<u32>,
+}
+
+/// Match rules of a class; every rule given must hold.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MatchConfig {
+    /// The request path starts with this prefix.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// The request method is one of these (case-insensitive).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Each header is present with exactly this value (`"*"`: present with any value).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// The one place defaults are defined.
+pub mod defaults {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    /// Name of the pool created when the file defines none.
+    pub const POOL: &str = "default";
+    /// Name of the class created when the file defines none.
+    pub const CLASS: &str = "default";
+
+    pub(super) fn listen() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 8080))
+    }
+    pub(super) fn threads() -> usize {
+        2
+    }
+    pub(super) fn connect_retries() -> usize {
+        2
+    }
+    pub(super) fn shutdown_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub(super) fn request_id_header() -> String {
+        "x-request-id".to_string()
+    }
+    pub(super) fn connect_timeout() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub(super) fn read_timeout() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub(super) fn write_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub(super) fn upstream_idle_timeout() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub(super) fn weight() -> u32 {
+        1
+    }
+    pub(super) fn max_outstanding() -> u32 {
+        256
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The text is not valid YAML for this schema.
+    #[error("{0}")]
+    Parse(String),
+    /// The file parsed but its values are inconsistent.
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+}
+
+impl Config {
+    /// Reads, parses, fills implied pools/classes and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_yaml(&text)
+    }
+
+    /// Parses and validates config text.
+    pub fn from_yaml(text: &str) -> Result<Config, LoadError> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let mut config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." || path.is_empty() {
+                LoadError::Parse(inner.to_string())
+            } else {
+                LoadError::Parse(format!("{path}: {inner}"))
+            }
+        })?;
+        config.fill_implied();
+        config.validate().map_err(LoadError::Invalid)?;
+        Ok(config)
+    }
+
+    /// Adds the pool and class a minimal file implies, so later code sees them spelled out.
+    fn fill_implied(&mut self) {
+        if self.pools.is_empty() {
+            self.pools.push(PoolConfig {
+                name: defaults::POOL.to_string(),
+                backends: self.backends.iter().map(|b| b.name.clone()).collect(),
+            });
+        }
+        if self.classes.is_empty() && self.pools.len() == 1 {
+            self.classes.push(ClassConfig {
+                name: defaults::CLASS.to_string(),
+                matcher: MatchConfig::default(),
+                pool: self.pools[0].name.clone(),
+                max_outstanding: None,
+            });
+        }
+        if self.default_class.is_none() && self.classes.len() == 1 {
+            self.default_class = Some(self.classes[0].name.clone());
+        }
+    }
+
+    /// One line saying what this config holds, printed by `gpulb check`.
+    pub fn summary(&self) -> String {
+        format!(
+            "listen {}, {} backends, {} pools, {} classes (default {}), {} threads",
+            self.listen,
+            self.backends.len(),
+            self.pools.len(),
+            self.classes.len(),
+            self.default_class.as_deref().unwrap_or("-"),
+            self.threads
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

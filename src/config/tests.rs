@@ -1,0 +1,141 @@
+//! Unit tests of config parsing, implied defaults and validation messages.
+
+use super::*;
+
+const MINIMAL: &str = "
+backends:
+  - name: gpu0
+    url: http://127.0.0.1:9001
+  - name: gpu1
+    url: http://127.0.0.1:9002/
+";
+
+fn errors_of(yaml: &str) -> Vec<String> {
+    match Config::from_yaml(yaml) {
+        Err(LoadError::Invalid(errors)) => errors.0.iter().map(ToString::to_string).collect(),
+        Err(other) => vec![other.to_string()],
+        Ok(_) => vec![],
+    }
+}
+
+#[test]
+fn minimal_file_gets_defaults_and_implied_pool_and_class() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(config.threads, 2);
+    assert_eq!(config.timeouts.connect, Duration::from_secs(2));
+    assert_eq!(config.backends[0].weight, 1);
+    assert_eq!(config.backends[0].max_outstanding, 256);
+    assert_eq!(config.pools.len(), 1);
+    assert_eq!(config.pools[0].backends, vec!["gpu0", "gpu1"]);
+    assert_eq!(config.classes[0].pool, "default");
+    assert_eq!(config.default_class.as_deref(), Some("default"));
+}
+
+#[test]
+fn durations_parse_with_units() {
+    let yaml = format!("{MINIMAL}\ntimeouts: {{connect: 250ms, read: 1m}}\nshutdown_timeout: 5s\n");
+    let config = Config::from_yaml(&yaml).unwrap();
+    assert_eq!(config.timeouts.connect, Duration::from_millis(250));
+    assert_eq!(config.timeouts.read, Duration::from_secs(60));
+    assert_eq!(config.shutdown_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn unknown_key_is_an_error_naming_its_path() {
+    let yaml = "backends:\n  - name: a\n    url: http://127.0.0.1:1\n    wieght: 2\n";
+    let errors = errors_of(yaml);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].starts_with("backends[0]"), "{errors:?}");
+    assert!(errors[0].contains("unknown field `wieght`"), "{errors:?}");
+}
+
+#[test]
+fn bad_duration_names_the_field() {
+    let yaml = format!("{MINIMAL}timeouts:\n  read: 5\n");
+    let errors = errors_of(&yaml);
+    assert!(errors[0].starts_with("timeouts.read"), "{errors:?}");
+    assert!(errors[0].contains("with a unit"), "{errors:?}");
+}
+
+#[test]
+fn every_validation_error_is_reported_with_its_path() {
+    let yaml = r#"
+threads: 0
+backends:
+  - name: gpu0
+    url: https://127.0.0.1:9001
+    weight: 0
+  - name: gpu0
+    url: http://127.0.0.1:9002/v1
+pools:
+  - name: interactive
+    backends: [gpu0, gpu9]
+  - name: bulk
+    backends: []
+classes:
+  - name: chat
+    pool: interactive
+    match: {path_prefix: v1, methods: ["PO ST"]}
+  - name: batch
+    pool: bluk
+default_class: nope
+"#;
+    let errors = errors_of(yaml);
+    let expected = [
+        "threads: must be between 1 and 1024",
+        "backends[0].url: \"https://127.0.0.1:9001\": https backends are not supported; use http://host:port",
+        "backends[0].weight: must be >= 1",
+        "backends[1].name: duplicate backend name \"gpu0\"",
+        "backends[1].url: \"http://127.0.0.1:9002/v1\": expected http://host:port with no path, query or credentials",
+        "pools[0].backends[1]: unknown backend \"gpu9\"",
+        "pools[1].backends: a pool needs at least one backend",
+        "classes[0].match.path_prefix: must start with '/'",
+        "classes[0].match.methods[0]: \"PO ST\" is not an HTTP method",
+        "classes[1].pool: unknown pool \"bluk\"",
+        "default_class: unknown class \"nope\"",
+    ];
+    assert_eq!(errors, expected);
+}
+
+#[test]
+fn several_classes_need_a_default_class() {
+    let yaml = format!(
+        "{MINIMAL}classes:\n  - {{name: a, pool: default}}\n  - {{name: b, pool: default}}\n"
+    );
+    assert_eq!(
+        errors_of(&yaml),
+        vec!["default_class: required when several classes are defined"]
+    );
+}
+
+#[test]
+fn several_pools_need_classes() {
+    let yaml = format!(
+        "{MINIMAL}pools:\n  - {{name: a, backends: [gpu0]}}\n  - {{name: b, backends: [gpu1]}}\n"
+    );
+    assert_eq!(
+        errors_of(&yaml),
+        vec!["classes: required when more than one pool is defined"]
+    );
+}
+
+#[test]
+fn backend_addr_accepts_host_port_forms() {
+    assert_eq!(
+        backend_addr("http://127.0.0.1:9001").unwrap(),
+        "127.0.0.1:9001".parse().unwrap()
+    );
+    assert_eq!(
+        backend_addr("http://[::1]:9001/").unwrap(),
+        "[::1]:9001".parse().unwrap()
+    );
+    assert_eq!(backend_addr("http://localhost").unwrap().port(), 80);
+    assert!(backend_addr("127.0.0.1:9001").is_err());
+}
+
+#[test]
+fn shipped_example_config_is_valid() {
+    let text = include_str!("../../conf/gpulb.yaml");
+    Config::from_yaml(text).unwrap();
+}

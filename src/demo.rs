@@ -1,0 +1,133 @@
+//! `gpulb demo`: a simulated, deliberately uneven fleet of GPU workers with the real proxy in front.
+
+use crate::config::{Config, LoadError};
+use crate::server;
+use crate::sim::{SimWorker, WorkerProfile};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// What the demo listens on and how many workers it simulates.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Proxy listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address.
+    pub admin: SocketAddr,
+    /// Number of simulated GPU workers.
+    pub workers: usize,
+}
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The simulated workers could not start.
+    #[error("cannot start the simulated workers: {0}")]
+    Fleet(String),
+    /// The generated config was refused (a bug).
+    #[error("demo config refused: {0}")]
+    Config(#[from] LoadError),
+    /// The proxy could not start.
+    #[error(transparent)]
+    Start(#[from] server::StartError),
+}
+
+/// Worker `i` of the demo fleet: every second worker is uneven on purpose.
+pub fn demo_profile(i: usize) -> WorkerProfile {
+    let mut profile = WorkerProfile::new(format!("gpu{i}"));
+    match i % 4 {
+        1 => {
+            // Half speed: an older or throttled GPU.
+            profile.decode_step *= 2;
+            profile.prefill_per_token *= 2;
+        }
+        2 => profile.kv_budget_tokens /= 2, // half the KV-cache budget
+        _ => {}
+    }
+    profile
+}
+
+/// The demo's config: one pool of every worker, interactive chat and bulk completions classes.
+pub fn demo_config(
+    worker_urls: &[String],
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> Result<Config, LoadError> {
+    let backends: String = worker_urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| format!("  - {{name: gpu{i}, url: \"{url}\", max_outstanding: 32}}\n"))
+        .collect();
+    let yaml = format!(
+        "listen: \"{listen}\"\nadmin: {{listen: \"{admin}\"}}\nbackends:\n{backends}\
+         pools:\n  - name: fleet\n    backends: [{names}]\n\
+         classes:\n  - {{name: interactive, pool: fleet, match: {{path_prefix: /v1/chat/}}}}\n  \
+         - {{name: bulk, pool: fleet}}\ndefault_class: bulk\n",
+        names = (0..worker_urls.len())
+            .map(|i| format!("gpu{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    Config::from_yaml(&yaml)
+}
+
+/// Starts the fleet on a background runtime and returns the workers' URLs.
+fn start_fleet(workers: usize) -> Result<Vec<String>, DemoError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("gpulb-demo-fleet".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return drop(tx.send(Err(e.to_string()))),
+            };
+            runtime.block_on(async move {
+                let mut fleet = Vec::new();
+                for i in 0..workers {
+                    match SimWorker::bind_loopback(demo_profile(i)).await {
+                        Ok(w) => fleet.push(w),
+                        Err(e) => return drop(tx.send(Err(e.to_string()))),
+                    }
+                }
+                let _ = tx.send(Ok(fleet.iter().map(SimWorker::url).collect()));
+                // Serve until the process exits.
+                std::future::pending::<()>().await;
+            });
+        })
+        .map_err(|e| DemoError::Fleet(e.to_string()))?;
+    rx.recv_timeout(Duration::from_secs(10))
+        .map_err(|e| DemoError::Fleet(e.to_string()))?
+        .map_err(DemoError::Fleet)
+}
+
+/// Runs the demo until Ctrl-C.
+pub fn run(options: DemoOptions) -> Result<(), DemoError> {
+    let urls = start_fleet(options.workers)?;
+    let config = demo_config(&urls, options.listen, options.admin)?;
+    println!(
+        "gpulb demo: {} simulated GPU workers behind the proxy",
+        urls.len()
+    );
+    for (i, url) in urls.iter().enumerate() {
+        let note = match i % 4 {
+            1 => " (half speed)",
+            2 => " (half KV-cache)",
+            _ => "",
+        };
+        println!("  gpu{i}: {url}{note}");
+    }
+    println!("  proxy:  http://{}", options.listen);
+    println!("  status: http://{}/status", options.admin);
+    println!("try:");
+    println!(
+        "  curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \\\n    \
+         -d '{{\"model\":\"sim\",\"stream\":true,\"max_tokens\":8,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'",
+        options.listen
+    );
+    println!("Ctrl-C stops it.");
+    server::run(config, None)?;
+    Ok(())
+}

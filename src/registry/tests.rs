@@ -1,0 +1,74 @@
+//! Unit tests of snapshot building, classification and slot acquisition.
+
+use super::*;
+
+fn config(yaml: &str) -> Config {
+    Config::from_yaml(yaml).unwrap()
+}
+
+const TWO_CLASSES: &str = r#"
+backends:
+  - {name: a, url: "http://127.0.0.1:9001", max_outstanding: 2}
+  - {name: b, url: "http://127.0.0.1:9002", max_outstanding: 1}
+pools:
+  - {name: all, backends: [a, b]}
+  - {name: only-a, backends: [a]}
+classes:
+  - {name: chat, pool: all, match: {path_prefix: /v1/chat/}}
+  - {name: pinned, pool: only-a, match: {headers: {x-pin: "yes"}}}
+  - {name: bulk, pool: all}
+default_class: bulk
+"#;
+
+#[test]
+fn classify_takes_first_match_then_default() {
+    let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
+    let mut headers = HeaderMap::new();
+    assert_eq!(
+        snap.classify(&Method::POST, "/v1/chat/completions", &headers),
+        0
+    );
+    assert_eq!(snap.classify(&Method::POST, "/v1/completions", &headers), 2);
+    headers.insert("x-pin", "yes".parse().unwrap());
+    assert_eq!(snap.classify(&Method::POST, "/v1/completions", &headers), 1);
+}
+
+#[test]
+fn acquire_fills_backends_to_their_caps_then_refuses() {
+    let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
+    let leases: Vec<Lease> = (0..3).map(|_| snap.acquire(0, &[]).unwrap()).collect();
+    assert!(snap.acquire(0, &[]).is_none());
+    assert_eq!(snap.backends[0].state.outstanding.get(), 2);
+    assert_eq!(snap.backends[1].state.outstanding.get(), 1);
+    drop(leases);
+    assert_eq!(snap.backends[0].state.outstanding.get(), 0);
+    assert_eq!(snap.backends[1].state.outstanding.get(), 0);
+}
+
+#[test]
+fn acquire_skips_excluded_backends() {
+    let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
+    for _ in 0..10 {
+        let lease = snap.acquire(0, &[0]).unwrap();
+        assert_eq!(lease.backend, 1);
+    }
+    assert!(snap.acquire(1, &[0]).is_none());
+}
+
+#[test]
+fn apply_keeps_live_state_by_name() {
+    let registry = Registry::new(config(TWO_CLASSES));
+    let first = registry.load();
+    let held = first.acquire(1, &[]).unwrap();
+    let changed = TWO_CLASSES.replace("max_outstanding: 2", "max_outstanding: 5");
+    assert_eq!(registry.apply(config(&changed)), 2);
+    let second = registry.load();
+    assert_eq!(second.backends[0].max_outstanding, 5);
+    assert!(Arc::ptr_eq(
+        &first.backends[0].state,
+        &second.backends[0].state
+    ));
+    assert_eq!(second.backends[0].state.outstanding.get(), 1);
+    drop(held);
+    assert_eq!(second.backends[0].state.outstanding.get(), 0);
+}

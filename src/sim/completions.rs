@@ -1,0 +1,134 @@
+//! OpenAI generation endpoints: submit to the engine, answer as one JSON body or as SSE events.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::mpsc;
+
+use super::body::{json_response, Body, BoxError};
+use super::engine::SubmitError;
+use super::http::{error, read_body, Shared, MAX_BODY};
+use super::openai::{self, GenRequest, Kind};
+use super::Fault;
+
+/// Handles `/v1/completions` and `/v1/chat/completions`.
+pub(crate) async fn generate(
+    sh: &Shared,
+    req: Request<Incoming>,
+    kind: Kind,
+    fault: Fault,
+) -> Response<Body> {
+    let body = match read_body(req, MAX_BODY).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let greq = match openai::parse_request(&body, kind, sh.default_max_tokens) {
+        Ok(g) => g,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg, "invalid_request"),
+    };
+    let mut rx = match sh.engine.submit(greq.prompt_tokens, greq.max_tokens) {
+        Ok(rx) => rx,
+        Err(e @ SubmitError::TooLarge { .. }) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &e.to_string(),
+                "context_length_exceeded",
+            )
+        }
+        Err(e @ SubmitError::Closed) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+                "engine_stopped",
+            )
+        }
+    };
+    let prefix = if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let id = format!(
+        "{prefix}-{}-{}",
+        sh.name,
+        sh.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    if greq.stream {
+        let die_after = match fault {
+            Fault::DieMidStream { after_tokens } => Some(after_tokens),
+            _ => None,
+        };
+        return sse_response(SseState {
+            rx,
+            sent: 0,
+            id,
+            req: greq,
+            kind,
+            die_after,
+            ended: false,
+        });
+    }
+    let mut n = 0u32;
+    while rx.recv().await.is_some() {
+        n += 1;
+    }
+    if n < greq.max_tokens {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "engine stopped mid-generation",
+            "engine_stopped",
+        );
+    }
+    json_response(StatusCode::OK, &openai::full_response(&id, &greq, kind, n))
+}
+
+struct SseState {
+    rx: mpsc::UnboundedReceiver<u32>,
+    sent: u32,
+    id: String,
+    req: GenRequest,
+    kind: Kind,
+    die_after: Option<u32>,
+    ended: bool,
+}
+
+fn sse_response(state: SseState) -> Response<Body> {
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        if st.ended {
+            return None;
+        }
+        if st.die_after.is_some_and(|n| st.sent >= n) {
+            st.ended = true;
+            // Die when the next token would be emitted; yield first so hyper flushes what was sent.
+            let _ = st.rx.recv().await;
+            tokio::task::yield_now().await;
+            let err: BoxError = "simulated worker death mid-stream".into();
+            return Some((Err(err), st));
+        }
+        let item = match st.rx.recv().await {
+            Some(i) => {
+                st.sent += 1;
+                Ok(openai::stream_event(&st.id, &st.req, st.kind, i))
+            }
+            None if st.sent >= st.req.max_tokens => {
+                st.ended = true;
+                Ok(openai::DONE_EVENT.to_string())
+            }
+            None => {
+                st.ended = true;
+                Err(BoxError::from("engine stopped mid-stream"))
+            }
+        };
+        Some((item.map(|s| Frame::data(Bytes::from(s))), st))
+    });
+    let mut r = Response::new(StreamBody::new(stream).boxed());
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}

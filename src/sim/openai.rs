@@ -1,0 +1,230 @@
+//! OpenAI wire shapes: request parsing, prompt token counting, response and SSE chunk bodies.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Model id reported by `/v1/models` and used when a request names none.
+pub(crate) const DEFAULT_MODEL: &str = "sim-model";
+
+/// Which OpenAI endpoint a generation request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `/v1/completions`
+    Completion,
+    /// `/v1/chat/completions`
+    Chat,
+}
+
+#[derive(Deserialize)]
+struct RawRequest {
+    model: Option<String>,
+    prompt: Option<Value>,
+    messages: Option<Vec<Value>>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    stream: Option<bool>,
+}
+
+/// A parsed generation request.
+#[derive(Clone, Debug)]
+pub(crate) struct GenRequest {
+    /// Model name echoed in the response.
+    pub model: String,
+    /// Prompt length in tokens (ceil(chars / 4), at least 1).
+    pub prompt_tokens: usize,
+    /// Tokens to generate.
+    pub max_tokens: u32,
+    /// Whether to answer with server-sent events.
+    pub stream: bool,
+}
+
+/// Parses a generation request body, returning a human-readable message on failure.
+pub(crate) fn parse_request(
+    body: &[u8],
+    kind: Kind,
+    default_max: u32,
+) -> Result<GenRequest, String> {
+    let raw: RawRequest =
+        serde_json::from_slice(body).map_err(|e| format!("could not parse JSON body: {e}"))?;
+    let messages = |m: &Vec<Value>| m.iter().map(message_text).collect::<String>();
+    let text = match (kind, &raw.prompt, &raw.messages) {
+        (Kind::Completion, Some(p), _) | (Kind::Chat, Some(p), None) => prompt_text(p)?,
+        (_, _, Some(m)) => messages(m),
+        (Kind::Chat, None, None) => return Err("'messages' is a required property".into()),
+        (Kind::Completion, None, None) => return Err("'prompt' is a required property".into()),
+    };
+    Ok(GenRequest {
+        model: raw.model.unwrap_or_else(|| DEFAULT_MODEL.to_string()),
+        prompt_tokens: count_tokens(&text),
+        max_tokens: raw
+            .max_tokens
+            .or(raw.max_completion_tokens)
+            .unwrap_or(default_max)
+            .max(1),
+        stream: raw.stream.unwrap_or(false),
+    })
+}
+
+fn prompt_text(p: &Value) -> Result<String, String> {
+    match p {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s.as_str()),
+                _ => Err("'prompt' must be a string or an array of strings".to_string()),
+            })
+            .collect(),
+        _ => Err("'prompt' must be a string or an array of strings".into()),
+    }
+}
+
+fn message_text(m: &Value) -> String {
+    match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// Token count of a text: ceil(chars / 4), at least 1.
+pub(crate) fn count_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4).max(1)
+}
+
+/// Text of the generated token with index `i`.
+pub(crate) fn token_text(i: u32) -> String {
+    format!(" tok{i}")
+}
+
+/// Milliseconds since the UNIX epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Seconds since the UNIX epoch.
+pub(crate) fn now_s() -> u64 {
+    now_ms() / 1000
+}
+
+/// OpenAI-style error body.
+pub(crate) fn error_body(message: &str, typ: &str, code: &str) -> Value {
+    json!({"error": {"message": message, "type": typ, "code": code}})
+}
+
+/// Full (non-streaming) response body.
+pub(crate) fn full_response(
+    id: &str,
+    req: &GenRequest,
+    kind: Kind,
+    completion_tokens: u32,
+) -> Value {
+    let text: String = (0..completion_tokens).map(token_text).collect();
+    let usage = json!({
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": req.prompt_tokens + completion_tokens as usize,
+    });
+    let (object, choice) = match kind {
+        Kind::Completion => (
+            "text_completion",
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
+        ),
+        Kind::Chat => (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": text},
+                   "logprobs": null, "finish_reason": "length"}),
+        ),
+    };
+    json!({"id": id, "object": object, "created": now_s(), "model": req.model,
+           "choices": [choice], "usage": usage})
+}
+
+/// One SSE event (`data: {...}\n\n`) carrying token `i`.
+pub(crate) fn stream_event(id: &str, req: &GenRequest, kind: Kind, i: u32) -> String {
+    let finish = if i + 1 >= req.max_tokens {
+        json!("length")
+    } else {
+        Value::Null
+    };
+    let (object, choice) = match kind {
+        Kind::Completion => (
+            "text_completion",
+            json!({"index": 0, "text": token_text(i), "logprobs": null, "finish_reason": finish}),
+        ),
+        Kind::Chat => {
+            let delta = if i == 0 {
+                json!({"role": "assistant", "content": token_text(i)})
+            } else {
+                json!({"content": token_text(i)})
+            };
+            (
+                "chat.completion.chunk",
+                json!({"index": 0, "delta": delta, "finish_reason": finish}),
+            )
+        }
+    };
+    let chunk = json!({"id": id, "object": object, "created": now_s(), "model": req.model,
+                       "choices": [choice], "sim_emitted_at_ms": now_ms()});
+    format!("data: {chunk}\n\n")
+}
+
+/// Final SSE event.
+pub(crate) const DONE_EVENT: &str = "data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_tokens() {
+        assert_eq!(count_tokens(""), 1);
+        assert_eq!(count_tokens("abcd"), 1);
+        assert_eq!(count_tokens("abcde"), 2);
+        assert_eq!(count_tokens("ééééé"), 2);
+    }
+
+    #[test]
+    fn parses_prompt_and_messages() {
+        let r = parse_request(
+            br#"{"prompt":["abcd","efgh1"],"max_tokens":3}"#,
+            Kind::Completion,
+            16,
+        )
+        .unwrap();
+        assert_eq!((r.prompt_tokens, r.max_tokens, r.stream), (3, 3, false));
+        assert_eq!(r.model, DEFAULT_MODEL);
+        let r = parse_request(
+            br#"{"model":"m","messages":[{"role":"user","content":"12345678"},{"content":[{"type":"text","text":"x"}]}],"stream":true}"#,
+            Kind::Chat,
+            16,
+        )
+        .unwrap();
+        assert_eq!((r.prompt_tokens, r.max_tokens, r.stream), (3, 16, true));
+        assert!(parse_request(b"{nope", Kind::Chat, 16).is_err());
+        assert!(parse_request(b"{}", Kind::Chat, 16).is_err());
+        assert!(parse_request(br#"{"prompt":5}"#, Kind::Completion, 16).is_err());
+    }
+
+    #[test]
+    fn event_shapes() {
+        let r = parse_request(br#"{"prompt":"hi","max_tokens":2}"#, Kind::Chat, 16).unwrap();
+        let ev = stream_event("x", &r, Kind::Chat, 1);
+        let v: Value = serde_json::from_str(ev.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert_eq!(v["choices"][0]["delta"]["content"], " tok1");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert!(v["sim_emitted_at_ms"].as_u64().unwrap() > 0);
+        let full = full_response("x", &r, Kind::Completion, 2);
+        assert_eq!(full["choices"][0]["text"], " tok0 tok1");
+        assert_eq!(full["usage"]["total_tokens"], 3);
+    }
+}

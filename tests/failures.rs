@@ -1,0 +1,169 @@
+//! Every way a request can end gives its backend slot back, and connect failures retry elsewhere.
+
+mod common;
+
+use common::*;
+use gpulb::sim::Fault;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_errors_pass_through_and_release_slots() {
+    let workers = start_workers(1, |_| {}).await;
+    workers[0].set_fault(Fault::ServerError);
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        let resp = client
+            .post(format!("{}/v1/completions", proxy.url))
+            .body(completion(2, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            500,
+            "the backend's own error reaches the client"
+        );
+    }
+    proxy.wait_idle().await;
+    assert_eq!(
+        backend_field(&proxy.status().await, "w0", "attempts_total"),
+        5
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_mid_stream_releases_the_slot_and_cancels_upstream() {
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(20)).await;
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let client = reqwest::Client::new();
+    let mut resp = client
+        .post(format!("{}/v1/completions", proxy.url))
+        .body(completion(5000, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = tokio::time::timeout(WAIT, resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.starts_with(b"data: "));
+    assert_eq!(proxy.outstanding("w0").await, 1);
+    drop(resp);
+    drop(client);
+    proxy.wait_idle().await;
+    // The proxy dropped the upstream connection, so the worker stops generating for it.
+    eventually(
+        WAIT,
+        "the worker to drop the abandoned sequence",
+        || async { (workers[0].stats().running == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_dying_mid_stream_releases_the_slot() {
+    let workers = start_workers(1, |_| {}).await;
+    workers[0].set_fault(Fault::DieMidStream { after_tokens: 3 });
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/v1/completions", proxy.url))
+        .body(completion(50, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = tokio::time::timeout(WAIT, resp.bytes()).await.unwrap();
+    assert!(
+        body.is_err() || !body.unwrap().ends_with(b"data: [DONE]\n\n"),
+        "a broken stream must not look complete"
+    );
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failure_retries_on_a_live_backend() {
+    let workers = start_workers(1, |_| {}).await;
+    let dead_port = free_port();
+    // The dead backend weighs 10, so it always looks least loaded and is tried first.
+    let config = format!(
+        "backends:\n  - {{name: dead, url: \"http://127.0.0.1:{dead_port}\", weight: 10}}\n  \
+         - {{name: w0, url: \"{}\"}}\n",
+        workers[0].url()
+    );
+    let proxy = Proxy::start(&config).await;
+    let client = reqwest::Client::new();
+    for _ in 0..10 {
+        let resp = client
+            .post(format!("{}/v1/completions", proxy.url))
+            .body(completion(1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(worker_of(&resp), "w0");
+    }
+    let status = proxy.status().await;
+    assert_eq!(backend_field(&status, "dead", "attempts_total"), 10);
+    assert_eq!(backend_field(&status, "w0", "attempts_total"), 10);
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_backends_dead_gives_503_after_bounded_retries() {
+    let config = format!(
+        "connect_retries: 5\nbackends:\n  - {{name: a, url: \"http://127.0.0.1:{}\"}}\n  - {{name: b, url: \"http://127.0.0.1:{}\"}}\n",
+        free_port(),
+        free_port()
+    );
+    let proxy = Proxy::start(&config).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/completions", proxy.url))
+        .body(completion(1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_backend_available");
+    let status = proxy.status().await;
+    assert_eq!(
+        backend_field(&status, "a", "attempts_total"),
+        1,
+        "each backend is tried once"
+    );
+    assert_eq!(backend_field(&status, "b", "attempts_total"), 1);
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_backend_is_retried_around() {
+    let workers = start_workers(2, |_| {}).await;
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let client = reqwest::Client::new();
+    for _ in 0..4 {
+        client
+            .post(format!("{}/v1/completions", proxy.url))
+            .body(completion(1, false))
+            .send()
+            .await
+            .unwrap();
+    }
+    workers[0].kill_and_wait().await;
+    for _ in 0..10 {
+        let resp = client
+            .post(format!("{}/v1/completions", proxy.url))
+            .body(completion(1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(worker_of(&resp), "w1");
+    }
+    proxy.wait_idle().await;
+}

@@ -1,0 +1,135 @@
+//! Streaming and transparency: SSE events pass one by one; requests and responses pass intact.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_events_arrive_as_the_backend_emits_them() {
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(60)).await;
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let body = r#"{"model":"sim","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut buffer = String::new();
+    let mut lags = Vec::new();
+    let mut done = false;
+    let started = now_ms();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        let received = now_ms();
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let data = event.trim().strip_prefix("data: ").unwrap();
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let json: serde_json::Value = serde_json::from_str(data).unwrap();
+            let emitted = json["sim_emitted_at_ms"].as_u64().unwrap();
+            lags.push(received.saturating_sub(emitted));
+        }
+    }
+    let duration = now_ms() - started;
+    assert!(done, "stream ended without [DONE]");
+    assert_eq!(lags.len(), 20);
+    let worst = *lags.iter().max().unwrap();
+    assert!(
+        duration >= 1000,
+        "stream too short to tell buffering apart: {duration} ms"
+    );
+    assert!(
+        worst < duration / 4,
+        "an event was held back {worst} ms in a {duration} ms stream: {lags:?}"
+    );
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_forwarded_transparently() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let client = reqwest::Client::new();
+
+    // A chunked request body (no content-length), a query string, a hop-by-hop header.
+    let parts: Vec<Result<&'static str, std::io::Error>> = vec![Ok("{\"a\":"), Ok("1}")];
+    let resp = client
+        .put(format!("{}/echo/some/path?x=1&y=two", proxy.url))
+        .header("x-custom", "kept")
+        .header("connection", "x-hop-secret")
+        .header("x-hop-secret", "dropped")
+        .header("x-forwarded-for", "10.1.2.3")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            parts,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let echoed_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    let seen: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(seen["method"], "PUT");
+    assert_eq!(seen["path"], "/echo/some/path");
+    assert_eq!(seen["query"], "x=1&y=two");
+    assert_eq!(seen["body"], "{\"a\":1}");
+    let headers = &seen["headers"];
+    assert_eq!(headers["x-custom"], "kept");
+    assert!(
+        headers.get("x-hop-secret").is_none(),
+        "hop-by-hop header leaked: {headers}"
+    );
+    assert_eq!(headers["x-forwarded-for"], "10.1.2.3, 127.0.0.1");
+    assert_eq!(headers["x-forwarded-proto"], "http");
+    assert_eq!(headers["x-request-id"], echoed_id.as_str());
+    assert_eq!(echoed_id.len(), 32);
+
+    // A client's own request id is kept and echoed.
+    let resp = client
+        .get(format!("{}/echo", proxy.url))
+        .header("x-request-id", "client-id-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "client-id-7");
+    let seen: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(seen["headers"]["x-request-id"], "client-id-7");
+    assert_eq!(seen["method"], "GET");
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_pass_both_ways() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let big = "x".repeat(512 * 1024);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/echo", proxy.url))
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(seen["body_len"], big.len());
+    assert_eq!(seen["body"].as_str().unwrap().len(), big.len());
+    proxy.wait_idle().await;
+}
