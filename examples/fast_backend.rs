@@ -1,0 +1,159 @@
+//! A tiny, fast HTTP/1.1 backend for the proxy-overhead benchmark: every request gets 200 and a ~200-byte OpenAI-completion-like JSON body.
+//!
+//! It reads and discards the request body, keeps connections alive and sets `TCP_NODELAY`, so
+//! that the proxy in front of it, not the backend, is what a benchmark measures.
+//!
+//! ```text
+//! cargo run --release --example fast_backend -- [--listen 127.0.0.1:0] [--threads 1]
+//! ```
+//!
+//! The first line on stdout is the bound address (`127.0.0.1:PORT`). `GET /__stats` answers
+//! `{"connections":N,"requests":M}`: the connections accepted and requests served so far (the
+//! stats requests themselves excluded), which shows whether a proxy reuses its upstream
+//! connections.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+/// The answer to every request: 200 bytes of JSON shaped like an OpenAI completion.
+const BODY: &[u8] = br#"{"id":"cmpl-bench","object":"text_completion","created":1700000000,"model":"bench","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
+
+#[derive(Default)]
+struct Stats {
+    connections: AtomicU64,
+    requests: AtomicU64,
+}
+
+struct Options {
+    listen: SocketAddr,
+    threads: usize,
+}
+
+fn usage(message: &str) -> ! {
+    eprintln!("fast_backend: {message}");
+    eprintln!("usage: fast_backend [--listen ADDR (default 127.0.0.1:0)] [--threads N (default 1)]");
+    std::process::exit(2);
+}
+
+fn parse_args() -> Options {
+    let mut options = Options {
+        listen: "127.0.0.1:0".parse().expect("default address"),
+        threads: 1,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .unwrap_or_else(|| usage(&format!("{name} needs a value")))
+        };
+        match name.as_str() {
+            "--listen" => {
+                let v = value();
+                options.listen = v
+                    .parse()
+                    .unwrap_or_else(|_| usage(&format!("bad --listen address {v:?}")));
+            }
+            "--threads" => {
+                let v = value();
+                options.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .unwrap_or_else(|| usage(&format!("bad --threads {v:?}")));
+            }
+            "-h" | "--help" => usage("help"),
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    options
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    stats: Arc<Stats>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/__stats" {
+        let body = format!(
+            "{{\"connections\":{},\"requests\":{}}}",
+            stats.connections.load(Ordering::Relaxed),
+            stats.requests.load(Ordering::Relaxed)
+        );
+        return Ok(json_response(Bytes::from(body)));
+    }
+    stats.requests.fetch_add(1, Ordering::Relaxed);
+    // Read and discard the body, frame by frame, without buffering it.
+    let mut body = req.into_body();
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            break;
+        }
+    }
+    Ok(json_response(Bytes::from_static(BODY)))
+}
+
+fn json_response(body: Bytes) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .expect("static response parts are valid")
+}
+
+async fn serve(listener: TcpListener, stats: Arc<Stats>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                eprintln!("fast_backend: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        stats.connections.fetch_add(1, Ordering::Relaxed);
+        let stats = Arc::clone(&stats);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(req, Arc::clone(&stats)));
+            let _ = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn main() {
+    let options = parse_args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(options.listen)
+            .await
+            .unwrap_or_else(|e| usage(&format!("cannot listen on {}: {e}", options.listen)));
+        let addr = listener.local_addr().expect("bound address");
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(stdout, "{addr}");
+        let _ = stdout.flush();
+        serve(listener, Arc::new(Stats::default())).await;
+    });
+}
