@@ -42,7 +42,9 @@ struct Options {
 
 fn usage(message: &str) -> ! {
     eprintln!("fast_backend: {message}");
-    eprintln!("usage: fast_backend [--listen ADDR (default 127.0.0.1:0)] [--threads N (default 1)]");
+    eprintln!(
+        "usage: fast_backend [--listen ADDR (default 127.0.0.1:0)] [--threads N (default 1)]"
+    );
     std::process::exit(2);
 }
 

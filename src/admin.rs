@@ -1,115 +1,176 @@
-//! Admin listener: `GET /status` (JSON view of the live routing state).
+//! Admin listener: `GET /metrics` (Prometheus), `GET /status` (JSON view of the live state),
+//! `GET /dashboard` (live charts) and the `GET /history` it draws from, and `POST /reload`.
+//!
+//! `POST /reload` needs `Authorization: Bearer <token>` (token from `admin.token_env` or
+//! `admin.token_file`); on a non-loopback listener every data endpoint needs it. The decision
+//! lives in one place, [`auth::decide`]; refusals are counted in `gpulb_admin_auth_failures_total`.
 
-use crate::registry::{Registry, Snapshot};
+pub mod auth;
+mod status;
+
+pub use status::{Status, LATENCY_SPAN_S};
+
+use crate::history::History;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::reload::{Outcome, Reloader, Trigger};
 use async_trait::async_trait;
+use auth::Access;
 use http::{Method, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde::Serialize;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// The dashboard page: self-contained HTML, CSS and JS (no CDN, works offline).
+const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 /// The admin HTTP application.
 pub struct AdminApp {
     registry: Arc<Registry>,
+    reloader: Option<Arc<Reloader>>,
+    token: Option<String>,
+    /// Everything needs the token (non-loopback listener).
+    guard_all: bool,
+    metrics: Arc<Metrics>,
+    history: Arc<History>,
 }
 
 impl AdminApp {
-    /// Admin endpoints over the live state of `registry`.
-    pub fn new(registry: Arc<Registry>) -> Self {
-        AdminApp { registry }
-    }
-}
-
-/// `GET /status` body.
-#[derive(Debug, Serialize)]
-pub struct Status {
-    /// Generation of the config in force.
-    pub generation: u64,
-    /// Every backend with its live counters.
-    pub backends: Vec<BackendStatus>,
-    /// Every class with its live counters.
-    pub classes: Vec<ClassStatus>,
-}
-
-/// One backend in [`Status`].
-#[derive(Debug, Serialize)]
-pub struct BackendStatus {
-    /// Backend name.
-    pub name: String,
-    /// Backend URL.
-    pub url: String,
-    /// Relative capacity.
-    pub weight: u32,
-    /// In-flight cap.
-    pub max_outstanding: u32,
-    /// Requests in flight now.
-    pub outstanding: u32,
-    /// Attempts ever sent.
-    pub attempts_total: u64,
-}
-
-/// One class in [`Status`].
-#[derive(Debug, Serialize)]
-pub struct ClassStatus {
-    /// Class name.
-    pub name: String,
-    /// Its pool.
-    pub pool: String,
-    /// Requests in flight now.
-    pub outstanding: u32,
-}
-
-impl Status {
-    /// The status of one snapshot's live state.
-    pub fn of(snapshot: &Snapshot) -> Status {
-        Status {
-            generation: snapshot.generation,
-            backends: snapshot
-                .backends
-                .iter()
-                .map(|b| BackendStatus {
-                    name: b.state.name.clone(),
-                    url: b.url.clone(),
-                    weight: b.weight,
-                    max_outstanding: b.max_outstanding,
-                    outstanding: b.state.outstanding.get(),
-                    attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
-                })
-                .collect(),
-            classes: snapshot
-                .classes
-                .iter()
-                .map(|c| ClassStatus {
-                    name: c.name.clone(),
-                    pool: snapshot.pools[c.pool].name.clone(),
-                    outstanding: c.state.outstanding.get(),
-                })
-                .collect(),
+    /// Admin endpoints over `registry`; `reloader` is absent when there is no config file.
+    pub fn new(
+        registry: Arc<Registry>,
+        reloader: Option<Arc<Reloader>>,
+        token: Option<String>,
+        guard_all: bool,
+        metrics: Arc<Metrics>,
+        history: Arc<History>,
+    ) -> Self {
+        AdminApp {
+            registry,
+            reloader,
+            token,
+            guard_all,
+            metrics,
+            history,
         }
     }
+
+    fn reload(&self) -> Response<Vec<u8>> {
+        let Some(reloader) = &self.reloader else {
+            return error(
+                StatusCode::CONFLICT,
+                "not_reloadable",
+                "this process was not started from a config file",
+            );
+        };
+        let outcome = reloader.reload(Trigger::Admin);
+        let status = match outcome {
+            Outcome::Rejected { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => StatusCode::OK,
+        };
+        json(status, &outcome)
+    }
+
+    fn metrics(&self) -> Response<Vec<u8>> {
+        let reload = self.reloader.as_ref().map(|r| r.status());
+        let text = self.metrics.render(&self.registry.load(), reload.as_ref());
+        body(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            text.into_bytes(),
+        )
+    }
+
+    fn status(&self) -> Response<Vec<u8>> {
+        let reload = self.reloader.as_ref().map(|r| r.status());
+        let status = Status::of(&self.registry.load(), reload, &self.metrics);
+        json(StatusCode::OK, &status)
+    }
+
+    fn history(&self, query: Option<&str>) -> Response<Vec<u8>> {
+        let since = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|kv| kv.strip_prefix("since="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let bytes = serde_json::to_vec(&self.history.since(since)).unwrap_or_default();
+        body(StatusCode::OK, "application/json", bytes)
+    }
 }
 
-fn json(status: StatusCode, body: &impl Serialize) -> Response<Vec<u8>> {
-    let bytes = serde_json::to_vec_pretty(body).unwrap_or_default();
+fn body(status: StatusCode, content_type: &str, bytes: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
         .status(status)
-        .header("content-type", "application/json")
+        .header("content-type", content_type)
         .header("content-length", bytes.len())
+        .header("cache-control", "no-store")
         .body(bytes)
         .unwrap_or_default()
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<Vec<u8>> {
+    let bytes = serde_json::to_vec_pretty(value).unwrap_or_default();
+    body(status, "application/json", bytes)
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Vec<u8>> {
+    json(
+        status,
+        &serde_json::json!({"error": {"message": message, "type": "admin_error", "code": code}}),
+    )
 }
 
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
-        match (&req.method, req.uri.path()) {
-            (&Method::GET, "/status") => json(StatusCode::OK, &Status::of(&self.registry.load())),
-            _ => json(
-                StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": {"message": "no such admin endpoint", "type": "invalid_request_error", "code": "not_found"}}),
+        let method = req.method.clone();
+        let path = req.uri.path().to_string();
+        let query = req.uri.query().map(str::to_string);
+        let authorization = req
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let access = auth::decide(
+            &method,
+            &path,
+            self.guard_all,
+            self.token.as_deref(),
+            authorization,
+        );
+        match access {
+            Access::Allow => {}
+            Access::NoTokenConfigured => {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "admin_token_not_configured",
+                    "set admin.token_env or admin.token_file to enable this endpoint",
+                )
+            }
+            Access::Unauthorized => {
+                self.metrics.auth_failure();
+                return error(StatusCode::UNAUTHORIZED, "unauthorized", "unauthorized");
+            }
+        }
+        match (method, path.as_str()) {
+            (Method::GET, "/metrics") => self.metrics(),
+            (Method::GET, "/status") => self.status(),
+            (Method::GET, "/history") => self.history(query.as_deref()),
+            (Method::GET, "/dashboard") => body(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                DASHBOARD.as_bytes().to_vec(),
             ),
+            (Method::GET, "/") => Response::builder()
+                .status(StatusCode::FOUND)
+                .header("location", "/dashboard")
+                .header("content-length", 0)
+                .body(Vec::new())
+                .unwrap_or_default(),
+            (Method::POST, "/reload") => self.reload(),
+            _ => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
         }
     }
 }

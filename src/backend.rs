@@ -1,15 +1,38 @@
 //! Live per-backend and per-class state: in-flight counters and the RAII slots that hold them.
 
+use crate::admission::ClassQueue;
+use crate::health::HealthState;
+use crate::telemetry::Telemetry;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// An in-flight counter with an optional cap; each unit is held by a [`Slot`].
+///
+/// Releasing a unit signals `released`, which wakes the admission dispatcher: queued requests
+/// are woken by releases, not by polling.
 #[derive(Debug, Default)]
 pub struct InflightCounter {
     value: AtomicU32,
+    released: Option<Arc<Notify>>,
 }
 
 impl InflightCounter {
+    /// A counter that signals `released` whenever a unit is given back.
+    pub fn with_release_signal(released: Arc<Notify>) -> Self {
+        InflightCounter {
+            value: AtomicU32::new(0),
+            released: Some(released),
+        }
+    }
+
+    /// Tells the dispatcher that capacity may have appeared without a release.
+    pub fn signal_capacity(&self) {
+        if let Some(released) = &self.released {
+            released.notify_one();
+        }
+    }
+
     /// Requests in flight now.
     pub fn get(&self) -> u32 {
         self.value.load(Ordering::Acquire)
@@ -23,7 +46,7 @@ impl InflightCounter {
             })
             .ok()
             .map(|_| Slot {
-                counter: Arc::clone(self),
+                counter: Some(Arc::clone(self)),
             })
     }
 }
@@ -31,12 +54,27 @@ impl InflightCounter {
 /// One unit of an [`InflightCounter`], released exactly once when dropped.
 #[derive(Debug)]
 pub struct Slot {
-    counter: Arc<InflightCounter>,
+    counter: Option<Arc<InflightCounter>>,
+}
+
+impl Slot {
+    /// Gives back a unit that was taken but never used (a grant rolled back), without waking
+    /// the dispatcher: nothing new became free, and a wake-up would only retry the same grant.
+    pub fn cancel(mut self) {
+        if let Some(counter) = self.counter.take() {
+            counter.value.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.counter.value.fetch_sub(1, Ordering::AcqRel);
+        if let Some(counter) = self.counter.take() {
+            counter.value.fetch_sub(1, Ordering::AcqRel);
+            if let Some(released) = &counter.released {
+                released.notify_one();
+            }
+        }
     }
 }
 
@@ -49,24 +87,62 @@ pub struct BackendState {
     pub outstanding: Arc<InflightCounter>,
     /// Requests ever sent to the backend (each attempt counts).
     pub attempts_total: AtomicU64,
+    /// Active check status and passive ejection.
+    pub health: HealthState,
+    /// Last telemetry read (GPU and model-server figures), with its time; `None` before any.
+    pub telemetry: Arc<arc_swap::ArcSwapOption<Telemetry>>,
+    /// Telemetry scrapes that failed.
+    pub telemetry_errors: Arc<AtomicU64>,
 }
 
 impl BackendState {
-    /// Fresh state for a backend with no traffic yet.
-    pub fn new(name: impl Into<String>) -> Self {
+    /// Fresh state for a backend with no traffic yet; releases signal `released`.
+    pub fn new(name: impl Into<String>, released: Arc<Notify>) -> Self {
         BackendState {
             name: name.into(),
-            outstanding: Arc::new(InflightCounter::default()),
+            outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             attempts_total: AtomicU64::new(0),
+            health: HealthState::default(),
+            telemetry: Arc::new(arc_swap::ArcSwapOption::empty()),
+            telemetry_errors: Arc::new(AtomicU64::new(0)),
         }
     }
 }
 
-/// Live state of one class.
-#[derive(Debug, Default)]
+/// Live state of one class; kept across reloads by class name.
 pub struct ClassState {
     /// Requests of this class in flight now.
     pub outstanding: Arc<InflightCounter>,
+    /// Requests of this class waiting for a backend slot.
+    pub queue: ClassQueue<Grant>,
+}
+
+impl ClassState {
+    /// Fresh state for a class; releases of its in-flight slots signal `released`.
+    pub fn new(released: Arc<Notify>) -> Self {
+        ClassState {
+            outstanding: Arc::new(InflightCounter::with_release_signal(released)),
+            queue: ClassQueue::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClassState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassState")
+            .field("outstanding", &self.outstanding.get())
+            .field("queued", &self.queue.depth())
+            .finish()
+    }
+}
+
+/// What admission hands a request: its class slot and a backend lease, taken together.
+#[derive(Debug)]
+pub struct Grant {
+    /// Counts the request against its class until the request ends.
+    pub class_slot: Slot,
+    /// The backend slot of the first attempt.
+    pub lease: Lease,
 }
 
 /// A backend slot held by one request attempt; dropping it releases the slot.
@@ -103,6 +179,21 @@ mod tests {
         let c = counter.try_acquire(2).unwrap();
         drop((b, c));
         assert_eq!(counter.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn release_signals_and_cancel_does_not() {
+        let signal = Arc::new(Notify::new());
+        let counter = Arc::new(InflightCounter::with_release_signal(Arc::clone(&signal)));
+        counter.try_acquire(1).unwrap().cancel();
+        assert_eq!(counter.get(), 0);
+        let quiet =
+            tokio::time::timeout(std::time::Duration::from_millis(50), signal.notified()).await;
+        assert!(quiet.is_err(), "cancel must not wake the dispatcher");
+        drop(counter.try_acquire(1).unwrap());
+        tokio::time::timeout(std::time::Duration::from_secs(1), signal.notified())
+            .await
+            .expect("a release wakes the dispatcher");
     }
 
     #[test]

@@ -7,8 +7,11 @@ use rand::Rng;
 /// What selection needs to know about one backend of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
-    /// Requests in flight on this backend now.
+    /// Requests this proxy has in flight on the backend (checked against the cap).
     pub outstanding: u32,
+    /// Load used for the choice: `outstanding`, or more when the backend's own queue figures
+    /// show work this proxy did not send (other replicas, clients that bypass the proxy).
+    pub load: u32,
     /// Relative capacity, at least 1.
     pub weight: u32,
     /// In-flight cap; a backend at its cap is skipped.
@@ -24,10 +27,10 @@ impl Candidate {
     }
 }
 
-/// Compares the load after adding one request, `(outstanding + 1) / weight`, without division.
+/// Compares the load after adding one request, `(load + 1) / weight`, without division.
 fn lighter(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-    let load_a = (u64::from(a.outstanding) + 1) * u64::from(b.weight.max(1));
-    let load_b = (u64::from(b.outstanding) + 1) * u64::from(a.weight.max(1));
+    let load_a = (u64::from(a.load) + 1) * u64::from(b.weight.max(1));
+    let load_b = (u64::from(b.load) + 1) * u64::from(a.weight.max(1));
     load_a.cmp(&load_b)
 }
 
@@ -69,6 +72,7 @@ mod tests {
     fn cand(outstanding: u32, weight: u32) -> Candidate {
         Candidate {
             outstanding,
+            load: outstanding,
             weight,
             max_outstanding: 100,
             eligible: true,
@@ -120,12 +124,25 @@ mod tests {
     }
 
     #[test]
+    fn load_decides_and_outstanding_caps() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let mut busy_elsewhere = cand(0, 1);
+        busy_elsewhere.load = 5;
+        assert_eq!(pick(&[busy_elsewhere, cand(2, 1)], &mut rng), Some(1));
+        let mut capped = cand(3, 1);
+        capped.max_outstanding = 3;
+        capped.load = 0;
+        assert_eq!(pick(&[capped, cand(9, 1)], &mut rng), Some(1));
+    }
+
+    #[test]
     fn sequential_picks_fill_by_weight() {
         let mut rng = StdRng::seed_from_u64(5);
         let mut pool = [cand(0, 1), cand(0, 3)];
         for _ in 0..40 {
             let i = pick(&pool, &mut rng).unwrap();
             pool[i].outstanding += 1;
+            pool[i].load += 1;
         }
         assert_eq!((pool[0].outstanding, pool[1].outstanding), (10, 30));
     }

@@ -10,6 +10,9 @@ pub struct ClassRule {
     methods: Vec<Method>,
     /// Header name and the exact value wanted (`None`: present with any value).
     headers: Vec<(HeaderName, Option<HeaderValue>)>,
+    /// `Content-Length` bounds: at least the first, below the second.
+    min_content_length: Option<u64>,
+    max_content_length: Option<u64>,
 }
 
 impl ClassRule {
@@ -34,6 +37,8 @@ impl ClassRule {
                     Some((name, value))
                 })
                 .collect(),
+            min_content_length: rules.min_content_length,
+            max_content_length: rules.max_content_length,
         }
     }
 
@@ -46,6 +51,18 @@ impl ClassRule {
         }
         if !self.methods.is_empty() && !self.methods.contains(method) {
             return false;
+        }
+        if self.min_content_length.is_some() || self.max_content_length.is_some() {
+            let length = headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            if self.min_content_length.is_some_and(|min| length < min)
+                || self.max_content_length.is_some_and(|max| length >= max)
+            {
+                return false;
+            }
         }
         self.headers.iter().all(|(name, wanted)| {
             let mut values = headers.get_all(name).iter();
@@ -95,6 +112,21 @@ mod tests {
             &headers(&[("x-priority", "bulk")])
         ));
         assert!(!r.matches(&Method::POST, "/v1/chat/completions", &HeaderMap::new()));
+    }
+
+    #[test]
+    fn content_length_bounds() {
+        let long = rule("{min_content_length: 1000}");
+        let short = rule("{max_content_length: 1000}");
+        let len = |n: &str| headers(&[("content-length", n)]);
+        assert!(long.matches(&Method::POST, "/", &len("1000")));
+        assert!(!long.matches(&Method::POST, "/", &len("999")));
+        assert!(
+            !long.matches(&Method::POST, "/", &HeaderMap::new()),
+            "no length counts as 0"
+        );
+        assert!(short.matches(&Method::POST, "/", &len("999")));
+        assert!(!short.matches(&Method::POST, "/", &len("1000")));
     }
 
     #[test]

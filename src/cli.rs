@@ -1,4 +1,4 @@
-//! Command line: `gpulb serve | check | demo`.
+//! Command line: `gpulb serve | check | demo | agent`.
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -39,5 +39,14 @@ pub enum Command {
         /// Number of simulated workers.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
         workers: u16,
+    },
+    /// Serve this host's GPU readings (NVML) as dcgm-exporter-style /metrics, until Ctrl-C.
+    Agent {
+        /// Listen address of the metrics endpoint.
+        #[arg(long, default_value = "127.0.0.1:9400")]
+        listen: SocketAddr,
+        /// GPUs to report, by index or UUID, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        gpus: Vec<crate::telemetry::GpuSelector>,
     },
 }

@@ -55,17 +55,28 @@ pub fn demo_config(
     let backends: String = worker_urls
         .iter()
         .enumerate()
-        .map(|(i, url)| format!("  - {{name: gpu{i}, url: \"{url}\", max_outstanding: 32}}\n"))
+        .map(|(i, url)| {
+            format!(
+                "  - name: gpu{i}\n    url: \"{url}\"\n    max_outstanding: 32\n    telemetry:\n      \
+                 - {{kind: model_server, server: vllm, interval: 500ms}}\n      \
+                 - {{kind: dcgm, url: \"{url}/dcgm/metrics\", interval: 500ms}}\n"
+            )
+        })
         .collect();
+    let names = (0..worker_urls.len())
+        .map(|i| format!("gpu{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let yaml = format!(
         "listen: \"{listen}\"\nadmin: {{listen: \"{admin}\"}}\nbackends:\n{backends}\
-         pools:\n  - name: fleet\n    backends: [{names}]\n\
-         classes:\n  - {{name: interactive, pool: fleet, match: {{path_prefix: /v1/chat/}}}}\n  \
-         - {{name: bulk, pool: fleet}}\ndefault_class: bulk\n",
-        names = (0..worker_urls.len())
-            .map(|i| format!("gpu{i}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+         pools:\n  - name: fleet\n    backends: [{names}]\n    \
+         guards: {{max_gpu_memory: 0.97, max_kv_cache: 0.97}}\n\
+         classes:\n  \
+         - name: interactive\n    pool: fleet\n    match: {{path_prefix: /v1/chat/}}\n    \
+         queue: {{max_depth: 256, max_wait: 5s}}\n    fairness: {{policy: equal_share}}\n  \
+         - name: bulk\n    pool: fleet\n    backend_share: 0.75\n    \
+         queue: {{max_depth: 1024, max_wait: 1m}}\n    fairness: {{policy: equal_share}}\n\
+         default_class: bulk\n"
     );
     Config::from_yaml(&yaml)
 }
@@ -128,6 +139,29 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
         options.listen
     );
     println!("Ctrl-C stops it.");
-    server::run(config, None)?;
+    server::run(config, server::Source::Builtin, None)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_config_is_valid_and_uneven() {
+        let urls: Vec<String> = (0..4)
+            .map(|i| format!("http://127.0.0.1:{}", 9100 + i))
+            .collect();
+        let config = demo_config(
+            &urls,
+            "127.0.0.1:18080".parse().unwrap(),
+            "127.0.0.1:18081".parse().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config.backends.len(), 4);
+        assert_eq!(config.classes.len(), 2);
+        assert_eq!(config.backends[0].telemetry.len(), 2);
+        assert!(demo_profile(1).decode_step > demo_profile(0).decode_step);
+        assert!(demo_profile(2).kv_budget_tokens < demo_profile(0).kv_budget_tokens);
+    }
 }

@@ -1,25 +1,32 @@
 //! Errors the proxy answers to clients, each mapped to a status in one place.
 
+use crate::admission::ShedReason;
 use pingora::{ErrorSource, ErrorType};
 
 /// Why a request could not be served; each variant maps to one HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyError {
-    /// Every backend of the class's pool is at its cap or unusable.
+    /// Every backend of the class's pool is at its cap or unusable, and the class does not queue.
     #[error("no backend of pool {pool:?} can take a request of class {class:?} now")]
     NoBackendAvailable {
         /// The request's class.
         class: String,
         /// The class's pool.
         pool: String,
+        /// Seconds the client should wait before retrying.
+        retry_after: u64,
     },
-    /// The class already has its maximum number of requests in flight.
-    #[error("class {class:?} is at its limit of {limit} requests in flight")]
-    ClassSaturated {
+    /// Admission control refused the request.
+    #[error("class {class:?} shed the request: {}", shed_text(*reason, tenant))]
+    Shed {
         /// The request's class.
         class: String,
-        /// The class's in-flight cap.
-        limit: u32,
+        /// The request's tenant.
+        tenant: String,
+        /// Why.
+        reason: ShedReason,
+        /// Seconds the client should wait before retrying, from the queue's drain rate.
+        retry_after: u64,
     },
     /// No backend could be connected to, after retries.
     #[error("could not connect to a backend: {0}")]
@@ -30,6 +37,9 @@ pub enum ProxyError {
     /// The backend broke the exchange (reset, malformed response).
     #[error("backend failed: {0}")]
     UpstreamFailed(String),
+    /// The client went away before an answer (nothing is sent; logged as 499).
+    #[error("the client went away")]
+    ClientGone,
     /// The client sent something that could not be proxied.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -42,10 +52,12 @@ impl ProxyError {
     /// HTTP status sent to the client.
     pub fn status(&self) -> u16 {
         match self {
-            ProxyError::NoBackendAvailable { .. } | ProxyError::ClassSaturated { .. } => 503,
+            ProxyError::NoBackendAvailable { .. } => 503,
+            ProxyError::Shed { reason, .. } => reason.status(),
             ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => 502,
             ProxyError::UpstreamTimeout(_) => 504,
             ProxyError::BadRequest(_) => 400,
+            ProxyError::ClientGone => 499,
             ProxyError::Internal(_) => 500,
         }
     }
@@ -54,12 +66,22 @@ impl ProxyError {
     pub fn code(&self) -> &'static str {
         match self {
             ProxyError::NoBackendAvailable { .. } => "no_backend_available",
-            ProxyError::ClassSaturated { .. } => "class_saturated",
+            ProxyError::Shed { reason, .. } => reason.as_str(),
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::UpstreamFailed(_) => "upstream_failed",
             ProxyError::BadRequest(_) => "bad_request",
+            ProxyError::ClientGone => "client_gone",
             ProxyError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// Seconds for the `Retry-After` header, for refusals a client should retry later.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ProxyError::NoBackendAvailable { retry_after, .. }
+            | ProxyError::Shed { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 
@@ -67,6 +89,7 @@ impl ProxyError {
     fn kind(&self) -> &'static str {
         match self.status() {
             400 => "invalid_request_error",
+            429 => "rate_limit_error",
             503 => "overloaded_error",
             500 => "server_error",
             _ => "upstream_error",
@@ -110,6 +133,18 @@ impl ProxyError {
     }
 }
 
+/// What a shed reason means, for the error message.
+fn shed_text(reason: ShedReason, tenant: &str) -> String {
+    match reason {
+        ShedReason::QueueFull => "its queue is full".to_string(),
+        ShedReason::WaitTimeout => "no backend slot freed within the queue's max_wait".to_string(),
+        ShedReason::TenantOverShare => format!("tenant {tenant:?} is over its share of the queue"),
+        ShedReason::TenantCap => {
+            format!("tenant {tenant:?} is at its limit of requests in this class")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,12 +154,33 @@ mod tests {
         let e = ProxyError::NoBackendAvailable {
             class: "chat".into(),
             pool: "gpus".into(),
+            retry_after: 1,
         };
         let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
         assert_eq!(v["error"]["code"], "no_backend_available");
         assert_eq!(v["error"]["type"], "overloaded_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("\"chat\""));
         assert_eq!(e.status(), 503);
+    }
+
+    #[test]
+    fn sheds_map_to_429_or_503_with_their_reason() {
+        let shed = |reason| ProxyError::Shed {
+            class: "bulk".into(),
+            tenant: "acme".into(),
+            reason,
+            retry_after: 7,
+        };
+        let over = shed(ShedReason::TenantOverShare);
+        assert_eq!(
+            (over.status(), over.code(), over.retry_after()),
+            (429, "tenant_over_share", Some(7))
+        );
+        assert!(over.to_string().contains("\"acme\""));
+        let full = shed(ShedReason::QueueFull);
+        assert_eq!((full.status(), full.code()), (503, "queue_full"));
+        let v: serde_json::Value = serde_json::from_slice(&over.body()).unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_error");
     }
 
     #[test]

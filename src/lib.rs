@@ -1,14 +1,27 @@
 //! gpulb: a reverse-proxy load balancer for GPU inference fleets.
+pub mod access_log;
 pub mod admin;
+pub mod admission;
+pub mod agent;
 pub mod backend;
 pub mod balance;
 pub mod classify;
 pub mod cli;
+pub mod client_watch;
 pub mod config;
 pub mod demo;
+pub mod dispatch;
 pub mod error;
 pub mod headers;
+pub mod health;
+pub mod history;
+pub mod hostinfo;
+pub mod metrics;
 pub mod proxy;
 pub mod registry;
+pub mod reload;
 pub mod server;
 pub mod sim;
+pub mod supervise;
+pub mod telemetry;
+pub mod telemetry_loop;

@@ -6,12 +6,10 @@ use gpulb::config::Config;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        gpulb::access_log::init(None);
+    }
     let result = match cli.command {
         Command::Check { config } => match Config::load(&config) {
             Ok(parsed) => {
@@ -22,7 +20,11 @@ fn main() -> ExitCode {
         },
         Command::Serve { config } => Config::load(&config)
             .map_err(|e| format!("{}: invalid:\n{e}", config.display()))
-            .and_then(|c| gpulb::server::run(c, None).map_err(|e| e.to_string())),
+            .and_then(|c| {
+                gpulb::access_log::init(c.access_log.format());
+                gpulb::server::run(c, gpulb::server::Source::File(config), None)
+                    .map_err(|e| e.to_string())
+            }),
         Command::Demo {
             listen,
             admin,
@@ -33,6 +35,10 @@ fn main() -> ExitCode {
             workers: usize::from(workers),
         })
         .map_err(|e| e.to_string()),
+        Command::Agent { listen, gpus } => {
+            gpulb::agent::run(gpulb::agent::AgentOptions { listen, gpus })
+                .map_err(|e| e.to_string())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,10 +2,16 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
+use crate::dispatch::Dispatcher;
+use crate::health::HealthChecks;
 use crate::proxy::Gpulb;
 use crate::registry::Registry;
+use crate::reload::{text_hash, ReloadService, Reloader};
+use crate::supervise::PerBackend;
+use crate::telemetry_loop::TelemetryPolling;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch};
+use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -23,6 +29,9 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The HTTP client for health checks could not be built.
+    #[error("cannot build the health check client: {0}")]
+    Client(String),
 }
 
 /// Checks that an address can be bound now, so a clash is a clear error instead of a panic later.
@@ -32,8 +41,17 @@ fn probe_listen(addr: SocketAddr, what: &'static str) -> Result<(), StartError> 
         .map_err(|source| StartError::Listen { addr, what, source })
 }
 
-/// Builds the pingora server for `config`: proxy service plus, when configured, the admin one.
-pub fn build_server(config: Config) -> Result<(Server, Arc<Registry>), StartError> {
+/// Where the running config came from.
+pub enum Source {
+    /// A file, reloadable.
+    File(std::path::PathBuf),
+    /// Built in code (the demo); not reloadable.
+    Builtin,
+}
+
+/// Builds the pingora server for `config`: proxy service, reload triggers when it came from a
+/// file, and the admin service when configured.
+pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Registry>), StartError> {
     probe_listen(config.listen, "proxy")?;
     if let Some(admin) = &config.admin {
         probe_listen(admin.listen, "admin")?;
@@ -47,27 +65,85 @@ pub fn build_server(config: Config) -> Result<(Server, Arc<Registry>), StartErro
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let listen = config.listen;
-    let admin_listen = config.admin.as_ref().map(|a| a.listen);
+    let admin = config.admin.clone();
     let threads = config.threads;
+    let reload_conf = config.reload.clone();
+    let access_log = config.access_log.enabled;
+    let metrics = Arc::new(crate::metrics::Metrics::new(config.metrics.max_tenants));
     let registry = Arc::new(Registry::new(config));
+    let reloader = match source {
+        Source::File(path) => {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            Some(Arc::new(Reloader::new(
+                &path,
+                text_hash(&text),
+                Arc::clone(&registry),
+            )))
+        }
+        Source::Builtin => None,
+    };
+    if let Some(reloader) = &reloader {
+        let triggers = ReloadService::new(
+            Arc::clone(reloader),
+            reload_conf.watch,
+            reload_conf.debounce,
+        );
+        server.add_service(background_service("gpulb reload", triggers));
+    }
+
+    match HealthChecks::new() {
+        Ok(checks) => server.add_service(background_service(
+            "gpulb health",
+            PerBackend::new(Arc::clone(&registry), checks),
+        )),
+        Err(e) => return Err(StartError::Client(e.to_string())),
+    };
+    server.add_service(background_service(
+        "gpulb dispatch",
+        Dispatcher::new(Arc::clone(&registry)),
+    ));
+    server.add_service(background_service(
+        "gpulb telemetry",
+        PerBackend::new(Arc::clone(&registry), TelemetryPolling),
+    ));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gpulb::new(Arc::clone(&registry)),
+        Gpulb::new(Arc::clone(&registry), Arc::clone(&metrics), access_log),
         "gpulb proxy",
     );
     proxy.add_tcp(&listen.to_string());
     proxy.threads = Some(threads);
     server.add_service(proxy);
 
-    if let Some(addr) = admin_listen {
-        let mut admin = Service::new(
-            "gpulb admin".to_string(),
-            AdminApp::new(Arc::clone(&registry)),
+    if let Some(admin) = admin {
+        // Validation already proved the token readable; a failure here means it vanished since.
+        let token = admin.token().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "admin token unavailable; mutating admin endpoints are refused");
+            None
+        });
+        let guard_all = !admin.listen.ip().is_loopback();
+        let history = Arc::new(crate::history::History::default());
+        server.add_service(background_service(
+            "gpulb history",
+            crate::history::HistorySampler::new(
+                Arc::clone(&history),
+                Arc::clone(&registry),
+                Arc::clone(&metrics),
+            ),
+        ));
+        let app = AdminApp::new(
+            Arc::clone(&registry),
+            reloader,
+            token,
+            guard_all,
+            metrics,
+            history,
         );
-        admin.add_tcp(&addr.to_string());
-        admin.threads = Some(1);
-        server.add_service(admin);
+        let mut service = Service::new("gpulb admin".to_string(), app);
+        service.add_tcp(&admin.listen.to_string());
+        service.threads = Some(1);
+        server.add_service(service);
     }
     Ok((server, registry))
 }
@@ -75,10 +151,11 @@ pub fn build_server(config: Config) -> Result<(Server, Arc<Registry>), StartErro
 /// Runs the server until `shutdown` fires (SIGTERM: graceful, SIGINT: fast, by default).
 pub fn run(
     config: Config,
+    source: Source,
     shutdown: Option<Box<dyn ShutdownSignalWatch>>,
 ) -> Result<(), StartError> {
     let listen = config.listen;
-    let (server, _registry) = build_server(config)?;
+    let (server, _registry) = build_server(config, source)?;
     tracing::info!(%listen, "gpulb serving");
     let mut args = RunArgs::default();
     if let Some(signal) = shutdown {

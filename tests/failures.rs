@@ -11,8 +11,12 @@ const WAIT: Duration = Duration::from_secs(10);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_pass_through_and_release_slots() {
     let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(&format!(
+        "outlier_detection: {{consecutive_failures: 0}}\n{}",
+        backends_yaml(&workers, |_| String::new())
+    ))
+    .await;
     workers[0].set_fault(Fault::ServerError);
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
     let client = reqwest::Client::new();
     for _ in 0..5 {
         let resp = client
@@ -90,9 +94,10 @@ async fn backend_dying_mid_stream_releases_the_slot() {
 async fn connect_failure_retries_on_a_live_backend() {
     let workers = start_workers(1, |_| {}).await;
     let dead_port = free_port();
-    // The dead backend weighs 10, so it always looks least loaded and is tried first.
+    // The dead backend weighs 10, so it always looks least loaded and is tried first; ejection
+    // is off so every request meets it.
     let config = format!(
-        "backends:\n  - {{name: dead, url: \"http://127.0.0.1:{dead_port}\", weight: 10}}\n  \
+        "outlier_detection: {{consecutive_failures: 0}}\nbackends:\n  - {{name: dead, url: \"http://127.0.0.1:{dead_port}\", weight: 10, health_check: {{enabled: false}}}}\n  \
          - {{name: w0, url: \"{}\"}}\n",
         workers[0].url()
     );
@@ -117,7 +122,7 @@ async fn connect_failure_retries_on_a_live_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_backends_dead_gives_503_after_bounded_retries() {
     let config = format!(
-        "connect_retries: 5\nbackends:\n  - {{name: a, url: \"http://127.0.0.1:{}\"}}\n  - {{name: b, url: \"http://127.0.0.1:{}\"}}\n",
+        "connect_retries: 5\nhealth_check: {{enabled: false}}\nbackends:\n  - {{name: a, url: \"http://127.0.0.1:{}\"}}\n  - {{name: b, url: \"http://127.0.0.1:{}\"}}\n",
         free_port(),
         free_port()
     );
@@ -129,6 +134,11 @@ async fn all_backends_dead_gives_503_after_bounded_retries() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 503);
+    assert_eq!(
+        resp.headers()["connection"],
+        "close",
+        "the proxy closes after a failed proxy attempt"
+    );
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "no_backend_available");
     let status = proxy.status().await;

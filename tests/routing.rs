@@ -91,7 +91,7 @@ async fn concurrent_requests_spread_by_weight() {
 async fn backend_cap_and_class_cap_give_openai_shaped_503() {
     let workers = start_workers(1, |_| {}).await;
     let config = format!(
-        "{}classes:\n  - {{name: capped, pool: default, max_outstanding: 1, match: {{path_prefix: /sleep/}}}}\n  \
+        "{}classes:\n  - {{name: capped, pool: default, max_outstanding: 1, queue: {{max_depth: 0}}, match: {{path_prefix: /sleep/}}}}\n  \
          - {{name: rest, pool: default}}\ndefault_class: rest\n",
         backends_yaml(&workers, |_| ", max_outstanding: 2".into())
     );
@@ -115,7 +115,7 @@ async fn backend_cap_and_class_cap_give_openai_shaped_503() {
     assert!(shed.headers().contains_key("retry-after"));
     assert!(shed.headers().contains_key("x-request-id"));
     let body: serde_json::Value = shed.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "class_saturated");
+    assert_eq!(body["error"]["code"], "no_backend_available");
     assert!(body["error"]["message"]
         .as_str()
         .unwrap()
@@ -143,7 +143,11 @@ async fn backend_cap_and_class_cap_give_openai_shaped_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_pool_answers_no_backend_available() {
     let workers = start_workers(2, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| ", max_outstanding: 1".into())).await;
+    let proxy = Proxy::start(&format!(
+        "{}classes:\n  - {{name: default, pool: default, queue: {{max_depth: 0}}}}\n",
+        backends_yaml(&workers, |_| ", max_outstanding: 1".into())
+    ))
+    .await;
     let client = reqwest::Client::new();
     let held: Vec<_> = (0..2)
         .map(|_| {

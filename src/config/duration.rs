@@ -19,6 +19,22 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// Optional durations: `Option<Duration>` fields with `#[serde(default, with = "duration::option")]`.
+pub mod option {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    /// Deserializes an optional duration written as text.
+    pub fn deserialize<'de, D>(deserializer: D) -> Result<Option<Duration>, D::Error>
+    where
+        D: Deserializer<'de>,
+    {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| super::parse(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// Formats a duration the way the config file writes it.
 pub fn format(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()

@@ -2,9 +2,17 @@
 //!
 //! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
 
+mod admission;
+mod diff;
 pub mod duration;
+mod guards;
+mod health;
 mod validate;
 
+pub use admission::{queue_policy, FairnessConfig, FairnessPolicy, QueueConfig};
+pub use diff::describe_changes;
+pub use guards::{Guards, TelemetrySettings};
+pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use validate::{backend_addr, ConfigError, ConfigErrors};
 
 use serde::Deserialize;
@@ -49,6 +57,93 @@ pub struct Config {
     /// Class of requests no rule matches; may be omitted when there is one class.
     #[serde(default)]
     pub default_class: Option<String>,
+    /// How config changes are picked up while serving.
+    #[serde(default)]
+    pub reload: ReloadConfig,
+    /// Active health check defaults for every backend (each may override any field).
+    #[serde(default)]
+    pub health_check: HealthCheck,
+    /// Passive outlier ejection from live traffic.
+    #[serde(default)]
+    pub outlier_detection: OutlierDetection,
+    /// How telemetry readings are trusted.
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
+    /// Header naming the request's tenant, for fairness and per-tenant caps.
+    #[serde(default = "defaults::tenant_header")]
+    pub tenant_header: String,
+    /// One structured line per request on stdout.
+    #[serde(default)]
+    pub access_log: AccessLogConfig,
+    /// Prometheus metrics settings.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// The access log.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// Write it at all.
+    #[serde(default = "defaults::access_log_enabled")]
+    pub enabled: bool,
+    /// `json` (one object per line) or `text`.
+    #[serde(default)]
+    pub format: crate::access_log::AccessLogFormat,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig {
+            enabled: defaults::access_log_enabled(),
+            format: Default::default(),
+        }
+    }
+}
+
+impl AccessLogConfig {
+    /// The format to write in, or `None` when the access log is off.
+    pub fn format(&self) -> Option<crate::access_log::AccessLogFormat> {
+        self.enabled.then_some(self.format)
+    }
+}
+
+/// Prometheus metrics settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Tenants given their own label value; the rest fold into `other`.
+    #[serde(default = "defaults::max_tenants")]
+    pub max_tenants: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            max_tenants: defaults::max_tenants(),
+        }
+    }
+}
+
+/// Live reload of the config file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadConfig {
+    /// Reload when the file changes on disk (SIGHUP and `POST /reload` always work).
+    #[serde(default = "defaults::reload_watch")]
+    pub watch: bool,
+    /// Quiet time after the last file event before reloading, so one save is one reload.
+    #[serde(default = "defaults::reload_debounce", with = "duration")]
+    pub debounce: Duration,
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        ReloadConfig {
+            watch: defaults::reload_watch(),
+            debounce: defaults::reload_debounce(),
+        }
+    }
 }
 
 /// The admin listener.
@@ -57,6 +152,12 @@ pub struct Config {
 pub struct AdminConfig {
     /// Address of the admin listener (keep it on loopback).
     pub listen: SocketAddr,
+    /// Environment variable holding the bearer token that mutating endpoints require.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// File holding that token (first line), as an alternative to `token_env`.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// Upstream timeouts.
@@ -103,6 +204,12 @@ pub struct BackendConfig {
     /// Most requests in flight on this backend at once; beyond it the backend is skipped.
     #[serde(default = "defaults::max_outstanding")]
     pub max_outstanding: u32,
+    /// Overrides of the top-level `health_check` for this backend.
+    #[serde(default)]
+    pub health_check: HealthCheckOverride,
+    /// Where this backend's GPU and load figures are read (several sources merge).
+    #[serde(default)]
+    pub telemetry: Vec<crate::telemetry::SourceConfig>,
 }
 
 /// A named set of backends.
@@ -113,6 +220,9 @@ pub struct PoolConfig {
     pub name: String,
     /// Names of the backends in this pool.
     pub backends: Vec<String>,
+    /// Telemetry limits beyond which a backend of this pool gets no new requests.
+    #[serde(default)]
+    pub guards: Guards,
 }
 
 /// A class of requests: which requests belong to it, where they go, and its limits.
@@ -129,6 +239,25 @@ pub struct ClassConfig {
     /// Most requests of this class in flight at once across its pool; absent means no cap.
     #[serde(default)]
     pub max_outstanding: Option<u32>,
+    /// Telemetry guards for this class, replacing its pool's.
+    #[serde(default)]
+    pub guards: Option<Guards>,
+    /// Queue for requests that find no free slot.
+    #[serde(default)]
+    pub queue: QueueConfig,
+    /// How tenants share the queue.
+    #[serde(default)]
+    pub fairness: FairnessConfig,
+    /// Most requests one tenant may have queued or in flight in this class; absent = no cap.
+    #[serde(default)]
+    pub tenant_max_outstanding: Option<u32>,
+    /// Pool used only when the class's own pool has no free slot.
+    #[serde(default)]
+    pub fallback_pool: Option<String>,
+    /// Share (0..=1] of each backend's `max_outstanding` this class may fill, leaving the rest
+    /// to other classes; absent = all of it.
+    #[serde(default)]
+    pub backend_share: Option<f64>,
 }
 
 /// Match rules of a class; every rule given must hold.
@@ -144,6 +273,12 @@ pub struct MatchConfig {
     /// Each header is present with exactly this value (`"*"`: present with any value).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// `Content-Length` is at least this many bytes (a body without one counts as 0).
+    #[serde(default)]
+    pub min_content_length: Option<u64>,
+    /// `Content-Length` is below this many bytes (a body without one counts as 0).
+    #[serde(default)]
+    pub max_content_length: Option<u64>,
 }
 
 /// The one place defaults are defined.
@@ -182,6 +317,63 @@ pub mod defaults {
     }
     pub(super) fn upstream_idle_timeout() -> Duration {
         Duration::from_secs(60)
+    }
+    pub(super) fn reload_watch() -> bool {
+        true
+    }
+    pub(super) fn reload_debounce() -> Duration {
+        Duration::from_millis(200)
+    }
+    pub(super) fn health_enabled() -> bool {
+        true
+    }
+    pub(super) fn health_path() -> String {
+        "/health".to_string()
+    }
+    pub(super) fn health_interval() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub(super) fn health_timeout() -> Duration {
+        Duration::from_secs(1)
+    }
+    pub(super) fn health_rise() -> u32 {
+        2
+    }
+    pub(super) fn health_fall() -> u32 {
+        3
+    }
+    pub(super) fn outlier_failures() -> u32 {
+        5
+    }
+    pub(super) fn outlier_base() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub(super) fn outlier_max() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub(super) fn outlier_max_percent() -> u32 {
+        50
+    }
+    pub(super) fn stale_after() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub(super) fn queue_depth() -> usize {
+        128
+    }
+    pub(super) fn queue_wait() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub(super) fn tenant_weight() -> u32 {
+        1
+    }
+    pub(super) fn tenant_header() -> String {
+        "x-tenant".to_string()
+    }
+    pub(super) fn access_log_enabled() -> bool {
+        true
+    }
+    pub(super) fn max_tenants() -> usize {
+        crate::metrics::DEFAULT_MAX_TENANTS
     }
     pub(super) fn weight() -> u32 {
         1
@@ -243,6 +435,7 @@ impl Config {
             self.pools.push(PoolConfig {
                 name: defaults::POOL.to_string(),
                 backends: self.backends.iter().map(|b| b.name.clone()).collect(),
+                guards: Guards::default(),
             });
         }
         if self.classes.is_empty() && self.pools.len() == 1 {
@@ -251,6 +444,12 @@ impl Config {
                 matcher: MatchConfig::default(),
                 pool: self.pools[0].name.clone(),
                 max_outstanding: None,
+                guards: None,
+                queue: QueueConfig::default(),
+                fairness: FairnessConfig::default(),
+                tenant_max_outstanding: None,
+                fallback_pool: None,
+                backend_share: None,
             });
         }
         if self.default_class.is_none() && self.classes.len() == 1 {

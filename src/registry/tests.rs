@@ -1,12 +1,14 @@
 //! Unit tests of snapshot building, classification and slot acquisition.
 
 use super::*;
+use crate::backend::Lease;
 
 fn config(yaml: &str) -> Config {
     Config::from_yaml(yaml).unwrap()
 }
 
 const TWO_CLASSES: &str = r#"
+health_check: {enabled: false}
 backends:
   - {name: a, url: "http://127.0.0.1:9001", max_outstanding: 2}
   - {name: b, url: "http://127.0.0.1:9002", max_outstanding: 1}
@@ -36,8 +38,10 @@ fn classify_takes_first_match_then_default() {
 #[test]
 fn acquire_fills_backends_to_their_caps_then_refuses() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
-    let leases: Vec<Lease> = (0..3).map(|_| snap.acquire(0, &[]).unwrap()).collect();
-    assert!(snap.acquire(0, &[]).is_none());
+    let leases: Vec<Lease> = (0..3)
+        .map(|_| snap.acquire_for_class(0, &[]).unwrap())
+        .collect();
+    assert!(snap.acquire_for_class(0, &[]).is_none());
     assert_eq!(snap.backends[0].state.outstanding.get(), 2);
     assert_eq!(snap.backends[1].state.outstanding.get(), 1);
     drop(leases);
@@ -49,17 +53,17 @@ fn acquire_fills_backends_to_their_caps_then_refuses() {
 fn acquire_skips_excluded_backends() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     for _ in 0..10 {
-        let lease = snap.acquire(0, &[0]).unwrap();
+        let lease = snap.acquire_for_class(0, &[0]).unwrap();
         assert_eq!(lease.backend, 1);
     }
-    assert!(snap.acquire(1, &[0]).is_none());
+    assert!(snap.acquire_for_class(1, &[0]).is_none());
 }
 
 #[test]
 fn apply_keeps_live_state_by_name() {
     let registry = Registry::new(config(TWO_CLASSES));
     let first = registry.load();
-    let held = first.acquire(1, &[]).unwrap();
+    let held = first.acquire_for_class(1, &[]).unwrap();
     let changed = TWO_CLASSES.replace("max_outstanding: 2", "max_outstanding: 5");
     assert_eq!(registry.apply(config(&changed)), 2);
     let second = registry.load();

@@ -1,4 +1,4 @@
-//! HTTP routes of the simulated worker: OpenAI endpoints, health, metrics, echo and sleep.
+//! HTTP routes of the simulated worker: OpenAI endpoints, health, metrics, dcgm telemetry, echo and sleep.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use super::body::{full, json_response, Body, Counted};
 use super::engine::Engine;
 use super::openai::{self, Kind};
-use super::{completions, metrics, Fault};
+use super::{completions, dcgm, metrics, Fault};
 
 /// Largest accepted generation request body.
 pub(crate) const MAX_BODY: usize = 1 << 20;
@@ -48,6 +48,7 @@ pub(crate) struct Shared {
     pub control: AtomicU64,
     pub next_id: AtomicU64,
     pub ctl: watch::Receiver<Mode>,
+    pub gpu: dcgm::SimGpu,
 }
 
 impl Shared {
@@ -79,7 +80,7 @@ pub(crate) async fn handle(
         // Killed: never answer; the connection is about to be dropped.
         std::future::pending::<()>().await;
     }
-    let control = matches!(req.uri().path(), "/health" | "/metrics");
+    let control = matches!(req.uri().path(), "/health" | "/metrics" | "/dcgm/metrics");
     if control {
         sh.control.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -99,6 +100,15 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     if path == "/metrics" && req.method() == Method::GET {
         let text = metrics::render(&sh.name, sh.engine.state(), sh.engine.kv_budget());
+        let mut r = Response::new(full(text));
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(metrics::CONTENT_TYPE),
+        );
+        return r;
+    }
+    if path == "/dcgm/metrics" && req.method() == Method::GET {
+        let text = dcgm::render(&sh.gpu, sh.engine.state(), sh.engine.kv_budget(), &sh.name);
         let mut r = Response::new(full(text));
         r.headers_mut().insert(
             CONTENT_TYPE,

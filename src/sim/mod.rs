@@ -2,6 +2,7 @@
 
 mod body;
 mod completions;
+mod dcgm;
 mod engine;
 #[cfg(test)]
 mod fault_tests;
@@ -47,6 +48,10 @@ pub struct WorkerProfile {
     pub kv_budget_tokens: usize,
     /// Tokens generated when a request has no `max_tokens`.
     pub default_max_tokens: u32,
+    /// Index of the simulated GPU in `/dcgm/metrics` (the `gpu` label).
+    pub gpu_index: u32,
+    /// UUID of the simulated GPU; `None` derives a stable one from the name.
+    pub gpu_uuid: Option<String>,
 }
 
 impl WorkerProfile {
@@ -60,6 +65,8 @@ impl WorkerProfile {
             max_running: 16,
             kv_budget_tokens: 32768,
             default_max_tokens: 16,
+            gpu_index: 0,
+            gpu_uuid: None,
         }
     }
 }
@@ -91,7 +98,7 @@ pub enum Fault {
 /// Counters and gauges of a worker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimStats {
-    /// Requests received (all routes except `/health` and `/metrics`).
+    /// Requests received (all routes except `/health`, `/metrics` and `/dcgm/metrics`).
     pub received_total: u64,
     /// Responses whose body completed (same routes as `received_total`).
     pub served_total: u64,
@@ -99,7 +106,7 @@ pub struct SimStats {
     pub running: usize,
     /// Sequences waiting for admission.
     pub waiting: usize,
-    /// Requests to `/health` and `/metrics` (kept apart so probes do not skew load counts).
+    /// Requests to `/health`, `/metrics` and `/dcgm/metrics` (kept apart so probes do not skew load counts).
     pub control_total: u64,
 }
 
@@ -129,6 +136,11 @@ impl SimWorker {
         let (done_tx, done) = watch::channel(false);
         let header =
             HeaderValue::from_str(&profile.name).unwrap_or(HeaderValue::from_static("sim"));
+        let gpu_uuid = profile
+            .gpu_uuid
+            .clone()
+            .unwrap_or_else(|| dcgm::uuid_for(&profile.name));
+        let gpu = dcgm::SimGpu::new(profile.gpu_index, gpu_uuid, profile.max_running);
         let shared = Arc::new(Shared {
             name: profile.name,
             header,
@@ -140,6 +152,7 @@ impl SimWorker {
             control: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             ctl: ctl_rx.clone(),
+            gpu,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone(), ctl_rx, done_tx));
         Ok(SimWorker {
@@ -181,6 +194,17 @@ impl SimWorker {
         }
         let slow = if let Fault::Slow(f) = fault { f } else { 1.0 };
         self.shared.engine.state().set_slow_factor(slow);
+    }
+
+    /// Forces the simulated GPU's used-memory fraction (0..=1) in `/dcgm/metrics`;
+    /// `None` returns to the model (weights + KV-cache use).
+    pub fn set_gpu_memory_override(&self, fraction: Option<f64>) {
+        self.shared.gpu.set_memory_override(fraction);
+    }
+
+    /// UUID of the simulated GPU, as `/dcgm/metrics` reports it.
+    pub fn gpu_uuid(&self) -> &str {
+        &self.shared.gpu.uuid
     }
 
     /// Current failure mode.

@@ -61,21 +61,54 @@ pub struct Proxy {
     _dir: tempfile::TempDir,
     /// The config file it serves.
     pub config_path: PathBuf,
+    /// The `listen`/`admin` lines every rewrite of the file keeps.
+    header: String,
 }
 
 impl Proxy {
     /// Starts `gpulb serve` with `body` (the config without `listen`/`admin`), waits until ready.
     pub async fn start(body: &str) -> Proxy {
+        Proxy::start_with(body, "", &[]).await
+    }
+
+    /// Like [`Proxy::start`], with extra keys for the `admin` block and extra environment.
+    pub async fn start_with(body: &str, admin_extra: &str, env: &[(&str, &str)]) -> Proxy {
+        let proxy = Proxy::launch(body, admin_extra, env).await;
+        proxy.wait_eligible().await;
+        proxy
+    }
+
+    /// Waits until every backend may take traffic (its first health check passed).
+    pub async fn wait_eligible(&self) {
+        eventually(
+            Duration::from_secs(15),
+            "every backend eligible",
+            || async {
+                let status = self.status().await;
+                let all = status["backends"]
+                    .as_array()?
+                    .iter()
+                    .all(|b| b["eligible"] == true);
+                all.then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Starts `gpulb serve` and waits only until it listens (backends may not be checked yet).
+    pub async fn launch(body: &str, admin_extra: &str, env: &[(&str, &str)]) -> Proxy {
         let (port, admin_port) = (free_port(), free_port());
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("gpulb.yaml");
-        let yaml =
-            format!("listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin_port}}}\n{body}");
-        std::fs::write(&config_path, yaml).expect("write config");
+        let header = format!(
+            "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin_port}{admin_extra}}}\n"
+        );
+        std::fs::write(&config_path, format!("{header}{body}")).expect("write config");
         let child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
             .args(["serve", "--config"])
             .arg(&config_path)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn gpulb");
@@ -85,6 +118,7 @@ impl Proxy {
             admin: format!("http://127.0.0.1:{admin_port}"),
             _dir: dir,
             config_path,
+            header,
         };
         let admin = proxy.admin.clone();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -98,6 +132,25 @@ impl Proxy {
         })
         .await;
         proxy
+    }
+
+    /// Replaces the config file the way editors do: write a temp file, rename it over.
+    pub fn rewrite_config(&self, body: &str) {
+        let tmp = self.config_path.with_extension("yaml.tmp");
+        std::fs::write(&tmp, format!("{}{body}", self.header)).expect("write temp config");
+        std::fs::rename(&tmp, &self.config_path).expect("rename config");
+    }
+
+    /// The proxy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config generation in force.
+    pub async fn generation(&self) -> u64 {
+        self.status().await["generation"]
+            .as_u64()
+            .expect("generation")
     }
 
     /// `GET /status` of the admin listener.
@@ -178,4 +231,18 @@ pub fn worker_of(resp: &reqwest::Response) -> String {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string()
+}
+
+/// Like [`backends_yaml`], each worker with telemetry from its dcgm page and vLLM `/metrics`,
+/// read every 100 ms, and fast health checks (100 ms, one failure marks it unhealthy).
+pub fn telemetry_fleet_yaml(workers: &[SimWorker]) -> String {
+    let urls: Vec<String> = workers.iter().map(SimWorker::url).collect();
+    format!(
+        "health_check: {{interval: 100ms, timeout: 200ms, fall: 1}}\n{}",
+        backends_yaml(workers, |i| format!(
+            ", telemetry: [{{kind: dcgm, url: \"{}/dcgm/metrics\", interval: 100ms}}, \
+             {{kind: model_server, server: vllm, interval: 100ms}}]",
+            urls[i]
+        ))
+    )
 }

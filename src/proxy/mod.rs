@@ -5,113 +5,40 @@
 //! class slot and the backend lease are RAII guards in the request context, so they are released
 //! exactly once however the request ends (response done, error, client gone, shutdown).
 
-use crate::backend::{Lease, Slot};
+mod admit;
+mod ctx;
+mod finish;
+mod respond;
+
+pub use ctx::RequestCtx;
+
 use crate::error::ProxyError;
 use crate::headers;
-use crate::registry::{Registry, Snapshot};
+use crate::metrics::Metrics;
+use crate::registry::Registry;
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use respond::{ensure_request_id, respond_error, tenant_of};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The proxy: routes each request by class to the least loaded backend of its pool.
 pub struct Gpulb {
     registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    access_log: bool,
 }
 
 impl Gpulb {
-    /// A proxy routing with the snapshots of `registry`.
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Gpulb { registry }
-    }
-}
-
-/// Per-request state, carried through pingora's filters.
-#[derive(Default)]
-pub struct RequestCtx {
-    snapshot: Option<Arc<Snapshot>>,
-    class: usize,
-    class_slot: Option<Slot>,
-    lease: Option<Lease>,
-    /// Backends whose connect failed for this request; never chosen again for it.
-    failed: Vec<usize>,
-    request_id: Option<String>,
-    failure: Option<ProxyError>,
-}
-
-impl RequestCtx {
-    fn class_and_pool(&self) -> (String, String) {
-        match &self.snapshot {
-            Some(snap) => {
-                let class = &snap.classes[self.class];
-                (class.name.clone(), snap.pools[class.pool].name.clone())
-            }
-            None => (String::new(), String::new()),
-        }
-    }
-
-    fn no_backend(&self) -> ProxyError {
-        let (class, pool) = self.class_and_pool();
-        ProxyError::NoBackendAvailable { class, pool }
-    }
-}
-
-/// Writes the OpenAI-shaped error response for `error`.
-async fn respond_error(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    id_header: &str,
-    error: &ProxyError,
-) -> Result<()> {
-    let body = Bytes::from(error.body());
-    let mut resp = ResponseHeader::build(error.status(), Some(4))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if error.status() == 503 {
-        resp.insert_header("retry-after", "1")?;
-    }
-    if let Some(id) = &ctx.request_id {
-        resp.insert_header(id_header.to_string(), id.as_str())?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
-}
-
-impl Gpulb {
-    /// Answers `error` from `request_filter` and tells pingora the response is sent.
-    async fn reject(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        id_header: &str,
-        error: ProxyError,
-    ) -> Result<bool> {
-        tracing::debug!(request_id = ?ctx.request_id, %error, "rejected");
-        respond_error(session, ctx, id_header, &error).await?;
-        ctx.failure = Some(error);
-        Ok(true)
-    }
-
-    /// Takes the client's request id or adds a fresh one; returns it.
-    fn ensure_request_id(session: &mut Session, id_header: &str) -> Result<String> {
-        let existing = session
-            .req_header()
-            .headers
-            .get(id_header)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 128)
-            .map(str::to_string);
-        match existing {
-            Some(id) => Ok(id),
-            None => {
-                let id = headers::new_request_id();
-                session
-                    .req_header_mut()
-                    .insert_header(id_header.to_string(), id.as_str())?;
-                Ok(id)
-            }
+    /// A proxy routing with the snapshots of `registry`, recording into `metrics`, writing an
+    /// access line per request when `access_log`.
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, access_log: bool) -> Self {
+        Gpulb {
+            registry,
+            metrics,
+            access_log,
         }
     }
 }
@@ -125,28 +52,33 @@ impl ProxyHttp for Gpulb {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.started = Some(Instant::now());
         let snapshot = self.registry.load();
-        let id_header = snapshot.config.request_id_header.clone();
-        ctx.request_id = Some(Self::ensure_request_id(session, &id_header)?);
+        ctx.request_id = Some(ensure_request_id(
+            session,
+            &snapshot.config.request_id_header,
+        )?);
+        ctx.tenant = tenant_of(session, &snapshot.config.tenant_header);
         let req = session.req_header();
         ctx.class = snapshot.classify(&req.method, req.uri.path(), &req.headers);
         ctx.snapshot = Some(Arc::clone(&snapshot));
-        let class = &snapshot.classes[ctx.class];
-        ctx.class_slot = class.state.outstanding.try_acquire(class.max_outstanding);
-        if ctx.class_slot.is_none() {
-            let error = ProxyError::ClassSaturated {
-                class: class.name.clone(),
-                limit: class.max_outstanding,
-            };
-            return self.reject(session, ctx, &id_header, error).await;
+        let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
+        // Admit and pick in one step: the lease granted here is the one `upstream_peer` uses.
+        let refusal = admit::admit(session, ctx, &snapshot).await?;
+        ctx.class_metrics = Some(Arc::clone(&class_metrics));
+        match refusal {
+            None => {
+                class_metrics.queue_wait(ctx.queued_for);
+                Ok(false)
+            }
+            Some(error) => {
+                tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
+                class_metrics.shed(&ctx.tenant, error.code());
+                respond_error(session, ctx, &error).await?;
+                ctx.failure = Some(error);
+                Ok(true)
+            }
         }
-        // Admit and pick in one step: the slot taken here is the one `upstream_peer` uses.
-        ctx.lease = snapshot.acquire(class.pool, &[]);
-        if ctx.lease.is_none() {
-            let error = ctx.no_backend();
-            return self.reject(session, ctx, &id_header, error).await;
-        }
-        Ok(false)
     }
 
     async fn upstream_peer(
@@ -160,13 +92,15 @@ impl ProxyHttp for Gpulb {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "request has no snapshot"))?;
         if ctx.lease.is_none() {
             // A retry: the failed attempt's lease was released in `fail_to_connect`.
-            let pool = snapshot.classes[ctx.class].pool;
-            ctx.lease = snapshot.acquire(pool, &ctx.failed);
+            ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.failed);
+            ctx.outcome_reported = false;
         }
         let Some(lease) = &ctx.lease else {
             ctx.failure = Some(ctx.no_backend());
             return Error::e_explain(ErrorType::HTTPStatus(503), "no backend available");
         };
+        ctx.attempts += 1;
+        ctx.backend = Some(lease.backend);
         let backend = &snapshot.backends[lease.backend];
         let timeouts = &snapshot.config.timeouts;
         let mut peer = HttpPeer::new(backend.addr, false, String::new());
@@ -185,6 +119,9 @@ impl ProxyHttp for Gpulb {
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let Some(lease) = ctx.lease.take() {
+            if let Some(snapshot) = &ctx.snapshot {
+                snapshot.report(lease.backend, Err(&format!("connect failed: {e}")));
+            }
             ctx.failed.push(lease.backend);
         }
         let retries = ctx
@@ -223,8 +160,18 @@ impl ProxyHttp for Gpulb {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.first_byte = Some(Instant::now());
         for name in headers::hop_by_hop(&upstream_response.headers) {
             upstream_response.remove_header(&name);
+        }
+        if let (Some(lease), Some(snap)) = (&ctx.lease, &ctx.snapshot) {
+            let status = upstream_response.status;
+            if status.is_server_error() {
+                snap.report(lease.backend, Err(&format!("answered {status}")));
+            } else {
+                snap.report(lease.backend, Ok(()));
+            }
+            ctx.outcome_reported = true;
         }
         if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
             upstream_response.insert_header(snap.config.request_id_header.clone(), id.as_str())?;
@@ -239,15 +186,28 @@ impl ProxyHttp for Gpulb {
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let failure = ctx.failure.take().or_else(|| ProxyError::from_pingora(e));
+        if failure == Some(ProxyError::ClientGone) {
+            ctx.failure = failure;
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        if let (
+            Some(ProxyError::UpstreamTimeout(cause) | ProxyError::UpstreamFailed(cause)),
+            Some(lease),
+            Some(snap),
+            false,
+        ) = (&failure, &ctx.lease, &ctx.snapshot, ctx.outcome_reported)
+        {
+            snap.report(lease.backend, Err(cause));
+        }
         let code = match &failure {
             Some(error) if session.response_written().is_none() => {
-                let id_header = ctx
-                    .snapshot
-                    .as_ref()
-                    .map_or("x-request-id".to_string(), |s| {
-                        s.config.request_id_header.clone()
-                    });
-                if let Err(write_error) = respond_error(session, ctx, &id_header, error).await {
+                // The connection closes after this answer: say so, or a client reusing it
+                // would meet a reset.
+                session.set_keepalive(None);
+                if let Err(write_error) = respond_error(session, ctx, error).await {
                     tracing::debug!(%write_error, "could not send the error response");
                 }
                 error.status()
@@ -263,10 +223,25 @@ impl ProxyHttp for Gpulb {
         }
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if ctx.first_body_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            ctx.first_body_byte = Some(Instant::now());
+        }
+        Ok(None)
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        finish::record(session, e, ctx, self.access_log);
         // Release now rather than when pingora drops the context; `Drop` covers the paths
         // (shutdown, cancelled futures) where this hook never runs.
         ctx.lease = None;
         ctx.class_slot = None;
+        ctx.tenant_slot = None;
     }
 }

@@ -1,0 +1,343 @@
+#!/usr/bin/env bash
+# Proxy-overhead benchmark: the same wrk load, in one run, against
+#   direct   the fast backend itself (examples/fast_backend.rs): the physical limit here
+#   gpulb    target/release/gpulb serve, one backend, threads = PROXY_THREADS
+#   nginx    reverse proxy, worker_processes = PROXY_THREADS, upstream keepalive 64
+#   haproxy  mode http, nbthread = PROXY_THREADS (skipped when haproxy is not installed)
+# and prints a markdown table (req/s, p50, p99, each as a ratio to direct, CPU per request).
+#
+# Usage (from anywhere; everything runs on 127.0.0.1 with free ports, then is torn down):
+#   examples/bench_overhead.sh
+# Knobs (environment):
+#   WRK_THREADS=2 WRK_CONNS=64 DURATION=10s  the wrk load: wrk -tT -cC -dD --latency
+#   WARMUP=3s        un-measured run against each target right before its measured run
+#   ROUNDS=3         the whole set of targets is repeated, interleaved; the median is reported
+#   PROXY_THREADS=1  worker threads of every proxy (gpulb threads, nginx worker_processes,
+#                    HAProxy nbthread): the same core budget for each
+#   BACKEND_THREADS=1  tokio worker threads of the fast backend
+#   TARGETS="direct gpulb nginx haproxy"   which targets, in this order each round
+#   SKIP_BUILD=1     use the existing release binaries
+#   KEEP_TMP=1       keep the temp dir (configs, raw wrk output, logs) and print its path
+#   RESULTS=FILE     also write the report to FILE
+# Config templates: examples/bench/{gpulb.yaml,nginx.conf,haproxy.cfg}.in; wrk script:
+# examples/bench/post.lua. The report goes to stdout, progress to stderr.
+set -euo pipefail
+
+WRK_THREADS=${WRK_THREADS:-2}
+WRK_CONNS=${WRK_CONNS:-64}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-3s}
+ROUNDS=${ROUNDS:-3}
+PROXY_THREADS=${PROXY_THREADS:-1}
+BACKEND_THREADS=${BACKEND_THREADS:-1}
+TARGETS=${TARGETS:-direct gpulb nginx haproxy}
+WRK_PATH=/v1/completions
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_DIR=$ROOT/examples/bench
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-bench.XXXXXX")
+chmod 755 "$TMP" # nginx workers may run as another user
+INVOCATION="$0${*:+ $*}"
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------- process bookkeeping
+PIDS=()
+cleanup() {
+    local status=$? pid all=() child
+    trap - EXIT INT TERM
+    for pid in "${PIDS[@]}"; do
+        [[ -n $pid ]] || continue
+        all+=("$pid")
+        for child in $(pgrep -P "$pid" 2>/dev/null || true); do all+=("$child"); done
+    done
+    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+        local alive=0
+        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [[ $alive == 0 ]] && break
+        sleep 0.1
+    done
+    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [[ ${KEEP_TMP:-0} == 1 ]]; then
+        log "kept $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+forget() { # drop a finished pid from PIDS
+    local p keep=()
+    for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
+# ---------------------------------------------------------------- helpers
+seconds() { # 10s | 2m | 10 -> whole seconds
+    local d=$1
+    case $d in
+        *ms) echo 1 ;;
+        *s) echo "${d%s}" ;;
+        *m) echo $(("${d%m}" * 60)) ;;
+        *h) echo $(("${d%h}" * 3600)) ;;
+        *) echo "$d" ;;
+    esac
+}
+
+port_in_use() { ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
+USED_PORTS=" "
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        [[ $USED_PORTS == *" $p "* ]] && continue
+        if ! port_in_use "$p"; then USED_PORTS+="$p "; echo "$p"; return; fi
+    done
+    die "no free port found"
+}
+
+# Waits (up to 10 s) until a POST to http://$1 answers 200.
+wait_ready() {
+    local addr=$1 name=$2 pid=$3 code
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || die "$name exited at start-up (see its log in $TMP; rerun with KEEP_TMP=1)"
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 -X POST \
+            -H 'content-type: application/json' -d '{"prompt":"ready?"}' \
+            "http://$addr$WRK_PATH" 2>/dev/null || true)
+        [[ $code == 200 ]] && return 0
+        sleep 0.1
+    done
+    die "$name at $addr did not answer 200 within 10 s (last code: ${code:-none})"
+}
+
+# utime+stime, in clock ticks, of a process and its children.
+cpu_ticks() {
+    local total=0 pid stat rest
+    for pid in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
+        stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+        rest=${stat##*) }
+        read -r -a f <<<"$rest"
+        total=$((total + f[11] + f[12]))
+    done
+    echo "$total"
+}
+CLK_TCK=$(getconf CLK_TCK)
+
+machine_ticks() { # clock ticks of all cores: "busy-except-softirq softirq" from /proc/stat
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $9, $8; exit }' /proc/stat
+}
+
+backend_stats() { # prints "connections requests"
+    curl -s --max-time 2 "http://$BACKEND/__stats" |
+        sed -E 's/.*"connections":([0-9]+).*"requests":([0-9]+).*/\1 \2/'
+}
+
+fill() { # template out: substitute placeholders
+    sed -e "s|@LISTEN@|$3|g" -e "s|@BACKEND@|$BACKEND|g" -e "s|@THREADS@|$PROXY_THREADS|g" \
+        -e "s|@DIR@|$2|g" -e "s|@USER@|$(id -un)|g" "$1"
+}
+
+# ---------------------------------------------------------------- build
+command -v wrk >/dev/null || die "wrk is not installed (apt-get install -y wrk)"
+command -v curl >/dev/null || die "curl is not installed"
+cd "$ROOT"
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+    log "cargo build --release --bin gpulb --example fast_backend"
+    cargo build --release --bin gpulb --example fast_backend >&2
+fi
+GPULB_BIN=$ROOT/target/release/gpulb
+BACKEND_BIN=$ROOT/target/release/examples/fast_backend
+[[ -x $GPULB_BIN && -x $BACKEND_BIN ]] || die "release binaries missing; build without SKIP_BUILD"
+
+# ---------------------------------------------------------------- start everything
+"$BACKEND_BIN" --threads "$BACKEND_THREADS" >"$TMP/backend.out" 2>"$TMP/backend.err" &
+BACKEND_PID=$!
+PIDS+=("$BACKEND_PID")
+for _ in $(seq 100); do [[ -s $TMP/backend.out ]] && break; sleep 0.1; done
+BACKEND=$(head -n1 "$TMP/backend.out")
+[[ -n $BACKEND ]] || die "fast_backend printed no address"
+USED_PORTS+="${BACKEND##*:} "
+wait_ready "$BACKEND" fast_backend "$BACKEND_PID"
+log "fast_backend on $BACKEND (pid $BACKEND_PID, $BACKEND_THREADS thread(s))"
+
+declare -A ADDR PID
+ACTIVE=()
+for target in $TARGETS; do
+    case $target in
+        direct)
+            ADDR[direct]=$BACKEND PID[direct]=""
+            ;;
+        gpulb)
+            port=$(free_port)
+            fill "$BENCH_DIR/gpulb.yaml.in" "$TMP" "127.0.0.1:$port" >"$TMP/gpulb.yaml"
+            RUST_LOG=warn "$GPULB_BIN" serve --config "$TMP/gpulb.yaml" >"$TMP/gpulb.log" 2>&1 &
+            PID[gpulb]=$! ADDR[gpulb]=127.0.0.1:$port
+            PIDS+=("${PID[gpulb]}")
+            ;;
+        nginx)
+            command -v nginx >/dev/null || { log "nginx not installed: skipped"; continue; }
+            port=$(free_port)
+            mkdir -p "$TMP/nginx"
+            fill "$BENCH_DIR/nginx.conf.in" "$TMP/nginx" "127.0.0.1:$port" >"$TMP/nginx/nginx.conf"
+            nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' \
+                >"$TMP/nginx/stdout.log" 2>&1 &
+            PID[nginx]=$! ADDR[nginx]=127.0.0.1:$port
+            PIDS+=("${PID[nginx]}")
+            ;;
+        haproxy)
+            command -v haproxy >/dev/null || { log "haproxy not installed: skipped"; continue; }
+            port=$(free_port)
+            mkdir -p "$TMP/haproxy"
+            fill "$BENCH_DIR/haproxy.cfg.in" "$TMP/haproxy" "127.0.0.1:$port" >"$TMP/haproxy/haproxy.cfg"
+            haproxy -db -f "$TMP/haproxy/haproxy.cfg" >"$TMP/haproxy/stdout.log" 2>&1 &
+            PID[haproxy]=$! ADDR[haproxy]=127.0.0.1:$port
+            PIDS+=("${PID[haproxy]}")
+            ;;
+        *) die "unknown target $target (known: direct gpulb nginx haproxy)" ;;
+    esac
+    if [[ -n ${PID[$target]} ]]; then
+        wait_ready "${ADDR[$target]}" "$target" "${PID[$target]}"
+        log "$target on ${ADDR[$target]} (pid ${PID[$target]})"
+    fi
+    ACTIVE+=("$target")
+done
+[[ ${ACTIVE[0]:-} == direct ]] || die "TARGETS must start with direct (ratios are to direct)"
+
+# ---------------------------------------------------------------- measure
+WRK_LIMIT=$(($(seconds "$DURATION") + 30))
+WARM_LIMIT=$(($(seconds "$WARMUP") + 30))
+WRK_ARGS=(-t"$WRK_THREADS" -c"$WRK_CONNS" --latency --timeout 5s -s "$BENCH_DIR/post.lua")
+wrk_cmd() { echo "wrk -t$WRK_THREADS -c$WRK_CONNS -d$1 --latency --timeout 5s -s examples/bench/post.lua http://ADDR$WRK_PATH"; }
+
+# Runs wrk in the background and waits, so that a signal reaches the trap at once.
+# A wrapper shell reports wrk's own CPU time (bash `times`, children line) to $4.times.
+run_wrk() { # duration limit_s url out
+    TIMES_TO="$4.times" timeout "$2" bash -c 'wrk "$@"; rc=$?; times >"$TIMES_TO"; exit $rc' wrk \
+        "${WRK_ARGS[@]}" -d"$1" "$3" >"$4" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    wait "$pid" || die "wrk failed against $3 (output: $(tail -n3 "$4" | tr '\n' ' '))"
+    forget "$pid"
+}
+
+declare -A R # R[target,round,field]
+for round in $(seq "$ROUNDS"); do
+    for target in "${ACTIVE[@]}"; do
+        url="http://${ADDR[$target]}$WRK_PATH"
+        out=$TMP/wrk.$target.$round.txt
+        log "round $round/$ROUNDS: $target: warm-up $WARMUP, then $DURATION"
+        if [[ $(seconds "$WARMUP") -gt 0 ]]; then
+            run_wrk "$WARMUP" "$WARM_LIMIT" "$url" "$TMP/warmup.$target.$round.txt"
+        fi
+        read -r conns0 _ <<<"$(backend_stats)"
+        b0=$(cpu_ticks "$BACKEND_PID")
+        p0=0
+        [[ -n ${PID[$target]} ]] && p0=$(cpu_ticks "${PID[$target]}")
+        read -r m0 sq0 <<<"$(machine_ticks)"
+        run_wrk "$DURATION" "$WRK_LIMIT" "$url" "$out"
+        read -r m1 sq1 <<<"$(machine_ticks)"
+        p1=0
+        [[ -n ${PID[$target]} ]] && p1=$(cpu_ticks "${PID[$target]}")
+        b1=$(cpu_ticks "$BACKEND_PID")
+        read -r conns1 _ <<<"$(backend_stats)"
+        line=$(grep '^BENCH_RESULT' "$out") || die "no BENCH_RESULT line in $out"
+        for kv in ${line#BENCH_RESULT }; do R[$target,$round,${kv%%=*}]=${kv#*=}; done
+        R[$target,$round,proxy_ticks]=$((p1 - p0))
+        R[$target,$round,backend_ticks]=$((b1 - b0))
+        wrk_ticks=$(tail -n1 "$out.times" | awk -v hz="$CLK_TCK" '{
+            for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } printf "%d", t * hz }')
+        R[$target,$round,wrk_ticks]=$wrk_ticks
+        # As shares of all the machine's cores: softirq time (loopback TCP work not charged to
+        # any process), and busy time charged to neither wrk, the backend nor the proxy (other
+        # processes, steal): the latter high means the run was disturbed.
+        pct() { awk -v x="$1" -v hz="$CLK_TCK" -v d="${R[$target,$round,duration_us]}" -v n="$(nproc)" \
+            'BEGIN { x = x / hz / (d / 1e6) / n * 100; if (x < 0) x = 0; printf "%.0f", x }'; }
+        R[$target,$round,softirq_pct]=$(pct "$((sq1 - sq0))")
+        R[$target,$round,other_pct]=$(pct "$((m1 - m0 - (p1 - p0) - (b1 - b0) - wrk_ticks))")
+        # The stats request itself opens one connection, counted in conns1.
+        R[$target,$round,conns]=$((conns1 - conns0 - 1))
+    done
+done
+
+# ---------------------------------------------------------------- report
+# Per-run derived figures, as text for awk.
+fig() { # target round -> "rps p50_ms p99_ms errors proxy_us/req backend_us/req conns wrk_us/req other% softirq%"
+    local t=$1 r=$2
+    awk -v req="${R[$t,$r,requests]}" -v dur="${R[$t,$r,duration_us]}" \
+        -v p50="${R[$t,$r,p50_us]}" -v p99="${R[$t,$r,p99_us]}" \
+        -v e="$((R[$t,$r,err_connect] + R[$t,$r,err_read] + R[$t,$r,err_write] + R[$t,$r,err_status] + R[$t,$r,err_timeout]))" \
+        -v pt="${R[$t,$r,proxy_ticks]}" -v bt="${R[$t,$r,backend_ticks]}" -v hz="$CLK_TCK" \
+        -v proxied="$([[ $t == direct ]] && echo 0 || echo 1)" -v conns="${R[$t,$r,conns]}" \
+        -v wt="${R[$t,$r,wrk_ticks]}" -v other="${R[$t,$r,other_pct]}" -v sq="${R[$t,$r,softirq_pct]}" \
+        'BEGIN {
+            rps = req / (dur / 1e6)
+            pcpu = proxied ? sprintf("%.1f", pt / hz * 1e6 / req) : "-"
+            printf "%.0f %.3f %.3f %d %s %.1f %d %.1f %d %d\n", rps, p50 / 1000, p99 / 1000, e, pcpu,
+                bt / hz * 1e6 / req, conns, wt / hz * 1e6 / req, other, sq
+        }'
+}
+
+# The round whose req/s is the median for a target (lower median for an even count).
+median_round() {
+    local t=$1 r
+    for r in $(seq "$ROUNDS"); do echo "$(fig "$t" "$r" | cut -d' ' -f1) $r"; done |
+        sort -n | sed -n "$(((ROUNDS + 1) / 2))p" | cut -d' ' -f2
+}
+
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ uncommitted changes in src/)"
+{
+    echo "### Proxy overhead: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
+    echo "- load, each target: \`$(wrk_cmd "$DURATION")\` after a \`-d$WARMUP\` warm-up; $ROUNDS interleaved round(s)"
+    echo "- machine: nproc $(nproc), $cpu_model, $(uname -sr), load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- versions: gpulb $rev, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+    echo "- proxies: $PROXY_THREADS worker thread(s) each; fast_backend: $BACKEND_THREADS thread(s); all on 127.0.0.1, sharing the same $(nproc) cores with wrk"
+    echo
+    echo "| target | req/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct | p99 vs direct | proxy CPU µs/req | backend CPU µs/req | wrk CPU µs/req | softirq % | other CPU % | new backend conns | errors |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    dr=$(median_round direct)
+    read -r d_rps d_p50 d_p99 _ <<<"$(fig direct "$dr")"
+    for t in "${ACTIVE[@]}"; do
+        r=$(median_round "$t")
+        read -r rps p50 p99 errs pcpu bcpu conns wcpu other sq <<<"$(fig "$t" "$r")"
+        awk -v t="$t" -v rps="$rps" -v p50="$p50" -v p99="$p99" -v d_rps="$d_rps" -v d_p50="$d_p50" \
+            -v d_p99="$d_p99" -v pcpu="$pcpu" -v bcpu="$bcpu" -v conns="$conns" -v errs="$errs" \
+            -v wcpu="$wcpu" -v other="$other" -v sq="$sq" \
+            'BEGIN { printf "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %d | %d |\n",
+                t, rps, p50, p99, rps / d_rps, p50 / d_p50, p99 / d_p99, pcpu, bcpu, wcpu, sq, other, conns, errs }'
+    done
+    echo
+    echo "Every run (req/s, p50 ms, p99 ms, proxy CPU µs/req, other CPU %):"
+    echo
+    echo "| target |$(for r in $(seq "$ROUNDS"); do printf ' round %d |' "$r"; done)"
+    echo "|---|$(for _ in $(seq "$ROUNDS"); do printf -- '---|'; done)"
+    for t in "${ACTIVE[@]}"; do
+        printf '| %s |' "$t"
+        for r in $(seq "$ROUNDS"); do
+            read -r rps p50 p99 _ pcpu _ _ _ other _ <<<"$(fig "$t" "$r")"
+            printf ' %s, %s, %s, %s, %s%% |' "$rps" "$p50" "$p99" "$pcpu" "$other"
+        done
+        echo
+    done
+    echo
+    echo "Each row is that target's median run by req/s; ratios divide it by direct's median run."
+    echo "CPU µs/req: utime+stime from /proc/PID/stat over the measured run (a proxy: its process and"
+    echo "children), divided by the requests served; clock ticks are $((1000 / CLK_TCK)) ms; wrk's comes"
+    echo "from bash \`times\` around it. Softirq %: the machine's softirq time (loopback TCP delivery,"
+    echo "charged to no process). Other CPU %: busy time charged to none of wrk, backend, proxy (other"
+    echo "processes, steal). Both from /proc/stat, as a share of all $(nproc) cores during the measured run;"
+    echo "a high other CPU % means a disturbed run. New backend conns: connections the backend accepted"
+    echo "during the measured run (a proxy that reuses its keep-alive pool opens few)."
+} >"$TMP/report.md"
+
+cat "$TMP/report.md"
+if [[ -n ${RESULTS:-} ]]; then cp "$TMP/report.md" "$RESULTS"; log "report written to $RESULTS"; fi

@@ -1,0 +1,340 @@
+//! Per-target, per-class figures and the markdown tables.
+
+use crate::client::{Outcome, Status};
+use crate::procs::SelfCpu;
+use crate::trace::{Class, INTERACTIVE_TENANTS};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Everything measured while one target served the trace.
+pub struct TargetRun {
+    pub name: String,
+    pub outcomes: Vec<Outcome>,
+    /// Requests the harness gave up on at the drain limit (counted as errors).
+    pub unfinished: usize,
+    pub self_cpu: SelfCpu,
+    pub proxy_cpu: f64,
+    /// Most requests in flight from the harness at once; times the cap made a request wait.
+    pub max_inflight: usize,
+    pub cap_hits: usize,
+    /// Largest `waiting` seen inside each worker, and the mean `running` (sampled every 100 ms
+    /// while the trace was being sent).
+    pub sim_max_waiting: Vec<usize>,
+    pub sim_mean_running: Vec<f64>,
+    /// gpulb only: largest queue depth per class seen on /status (sampled every 500 ms).
+    pub gpulb_max_queue: BTreeMap<String, usize>,
+    /// Seconds from the trace start to the last response.
+    pub makespan: f64,
+}
+
+/// Nearest-rank percentile of sorted values.
+fn pct(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The figures of one class on one target.
+#[derive(Clone, Debug, Default)]
+pub struct ClassStats {
+    pub sent: usize,
+    pub ok: usize,
+    pub shed: usize,
+    pub errors: usize,
+    pub ttft_p50: Option<f64>,
+    pub ttft_p99: Option<f64>,
+    pub e2e_p50: Option<f64>,
+    pub e2e_p99: Option<f64>,
+    /// Completed requests and tokens per second of the class's span (trace start to its last
+    /// completion).
+    pub completed_per_s: f64,
+    pub tokens_per_s: f64,
+}
+
+pub fn class_stats(outcomes: &[Outcome], class: Class, tenant: Option<&str>) -> ClassStats {
+    let mine: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.class == class && tenant.is_none_or(|t| o.tenant == t))
+        .collect();
+    let ok: Vec<&Outcome> = mine
+        .iter()
+        .copied()
+        .filter(|o| o.status == Status::Ok)
+        .collect();
+    let span = ok.iter().map(|o| o.at + o.e2e).fold(0.0, f64::max);
+    let tokens: u64 = ok.iter().map(|o| u64::from(o.tokens)).sum();
+    let ttft = sorted(ok.iter().filter_map(|o| o.ttft).collect());
+    let e2e = sorted(ok.iter().map(|o| o.e2e).collect());
+    ClassStats {
+        sent: mine.len(),
+        ok: ok.len(),
+        shed: mine
+            .iter()
+            .filter(|o| matches!(o.status, Status::Shed(_)))
+            .count(),
+        errors: mine
+            .iter()
+            .filter(|o| matches!(o.status, Status::Error(_)))
+            .count(),
+        ttft_p50: pct(&ttft, 0.50),
+        ttft_p99: pct(&ttft, 0.99),
+        e2e_p50: pct(&e2e, 0.50),
+        e2e_p99: pct(&e2e, 0.99),
+        completed_per_s: if span > 0.0 {
+            ok.len() as f64 / span
+        } else {
+            0.0
+        },
+        tokens_per_s: if span > 0.0 {
+            tokens as f64 / span
+        } else {
+            0.0
+        },
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{:.0}", v * 1000.0))
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+/// The main table: one row per target and class.
+pub fn main_table(runs: &[TargetRun]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| target | class | sent | ok | shed | errors | TTFT p50 ms | TTFT p99 ms | E2E p50 s | E2E p99 s | completed/s | tokens/s |"
+    );
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for run in runs {
+        for class in Class::ALL {
+            let s = class_stats(&run.outcomes, class, None);
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} |",
+                run.name,
+                class.name(),
+                s.sent,
+                s.ok,
+                s.shed,
+                s.errors,
+                ms(s.ttft_p50),
+                ms(s.ttft_p99),
+                secs(s.e2e_p50),
+                secs(s.e2e_p99),
+                s.completed_per_s,
+                s.tokens_per_s
+            );
+        }
+    }
+    t
+}
+
+/// Interactive p99 TTFT per tenant (tenants have uneven shares of the traffic).
+pub fn tenant_table(runs: &[TargetRun]) -> String {
+    let mut t = String::new();
+    let mut head = "| target |".to_string();
+    let mut rule = "|---|".to_string();
+    for (name, w) in INTERACTIVE_TENANTS {
+        let _ = write!(head, " {name} (weight {w}) ok / p50 / p99 ms |");
+        rule.push_str("--:|");
+    }
+    let _ = writeln!(t, "{head}\n{rule}");
+    for run in runs {
+        let _ = write!(t, "| {} |", run.name);
+        for (name, _) in INTERACTIVE_TENANTS {
+            let s = class_stats(&run.outcomes, Class::Interactive, Some(name));
+            let _ = write!(t, " {} / {} / {} |", s.ok, ms(s.ttft_p50), ms(s.ttft_p99));
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// Where requests went and what the harness itself cost.
+pub fn diagnostics_table(runs: &[TargetRun], workers: usize) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| target | makespan s | interactive per gpu | bulk per gpu | max waiting inside gpu | mean running per gpu | gpulb max queue (i/b) | proxy CPU s | harness client CPU s | sim CPU s | max lateness ms | max in flight | cap hits |"
+    );
+    let _ = writeln!(t, "|---|--:|---|---|---|---|---|--:|--:|--:|--:|--:|--:|");
+    for run in runs {
+        let per_gpu = |class: Class| {
+            (0..workers)
+                .map(|i| {
+                    let name = format!("gpu{i}");
+                    run.outcomes
+                        .iter()
+                        .filter(|o| o.class == class && o.worker.as_deref() == Some(name.as_str()))
+                        .count()
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let waiting = run
+            .sim_max_waiting
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("/");
+        let running = run
+            .sim_mean_running
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join("/");
+        let queue = if run.gpulb_max_queue.is_empty() {
+            "-".to_string()
+        } else {
+            format!(
+                "{}/{}",
+                run.gpulb_max_queue.get("interactive").copied().unwrap_or(0),
+                run.gpulb_max_queue.get("bulk").copied().unwrap_or(0)
+            )
+        };
+        let lateness = run.outcomes.iter().map(|o| o.lateness).fold(0.0, f64::max);
+        let _ = writeln!(
+            t,
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} |",
+            run.name,
+            run.makespan,
+            per_gpu(Class::Interactive),
+            per_gpu(Class::Bulk),
+            waiting,
+            running,
+            queue,
+            run.proxy_cpu,
+            run.self_cpu.client,
+            run.self_cpu.sim,
+            lateness * 1000.0,
+            run.max_inflight,
+            run.cap_hits
+        );
+    }
+    t
+}
+
+/// Error messages by target, so "errors" is never an unexplained number.
+pub fn error_breakdown(runs: &[TargetRun]) -> String {
+    let mut t = String::new();
+    for run in runs {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for o in &run.outcomes {
+            if let Status::Error(e) = &o.status {
+                *counts
+                    .entry(format!("{} {}", o.class.name(), e))
+                    .or_default() += 1;
+            }
+            if let Status::Shed(code) = &o.status {
+                *counts
+                    .entry(format!("{} shed HTTP {code}", o.class.name()))
+                    .or_default() += 1;
+            }
+        }
+        if run.unfinished > 0 {
+            counts.insert("unfinished at the drain limit".into(), run.unfinished);
+        }
+        if !counts.is_empty() {
+            let list: Vec<String> = counts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            let _ = writeln!(t, "- {}: {}", run.name, list.join("; "));
+        }
+    }
+    t
+}
+
+/// The target, computed: gpulb's interactive p99 TTFT against the best baseline's, and
+/// its bulk throughput against the best baseline's.
+pub fn verdict(runs: &[TargetRun]) -> String {
+    let Some(g) = runs.iter().find(|r| r.name == "gpulb") else {
+        return String::new();
+    };
+    let baselines: Vec<&TargetRun> = runs.iter().filter(|r| r.name != "gpulb").collect();
+    if baselines.is_empty() {
+        return String::new();
+    }
+    let gi = class_stats(&g.outcomes, Class::Interactive, None);
+    let gb = class_stats(&g.outcomes, Class::Bulk, None);
+    let best_ttft = baselines
+        .iter()
+        .filter_map(|r| {
+            let s = class_stats(&r.outcomes, Class::Interactive, None);
+            s.ttft_p99.map(|v| (v, r.name.clone()))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let best_bulk = baselines
+        .iter()
+        .map(|r| (class_stats(&r.outcomes, Class::Bulk, None), r.name.clone()))
+        .max_by(|a, b| a.0.completed_per_s.total_cmp(&b.0.completed_per_s));
+    let mut t = String::new();
+    if let (Some(gv), Some((bv, bn))) = (gi.ttft_p99, best_ttft) {
+        let ratio = gv / bv;
+        let _ = writeln!(
+            t,
+            "- interactive p99 TTFT: gpulb {:.0} ms vs best baseline {bn} {:.0} ms = {:.2}x (target <= 0.50x): {}",
+            gv * 1000.0,
+            bv * 1000.0,
+            ratio,
+            if ratio <= 0.5 { "MET" } else { "NOT MET" }
+        );
+    }
+    if let Some((bs, bn)) = best_bulk {
+        let ratio = if bs.completed_per_s > 0.0 {
+            gb.completed_per_s / bs.completed_per_s
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            t,
+            "- bulk completed/s: gpulb {:.3} vs best baseline {bn} {:.3} = {:.2}x; bulk tokens/s {:.0} vs {:.0}; bulk ok {} vs {} (target >= 1.00x, i.e. no worse): {}",
+            gb.completed_per_s,
+            bs.completed_per_s,
+            ratio,
+            gb.tokens_per_s,
+            bs.tokens_per_s,
+            gb.ok,
+            bs.ok,
+            if ratio >= 0.995 && gb.ok >= bs.ok { "MET" } else { "NOT MET" }
+        );
+    }
+    t
+}
+
+/// One CSV line per request, for anyone who wants other figures.
+pub fn csv(run: &TargetRun) -> String {
+    let mut t =
+        String::from("index,class,tenant,at_s,status,ttft_s,e2e_s,tokens,worker,lateness_s\n");
+    for o in &run.outcomes {
+        let status = match &o.status {
+            Status::Ok => "ok".to_string(),
+            Status::Shed(c) => format!("shed{c}"),
+            Status::Error(e) => format!("error:{}", e.replace(',', ";")),
+        };
+        let _ = writeln!(
+            t,
+            "{},{},{},{:.4},{},{},{:.4},{},{},{:.4}",
+            o.index,
+            o.class.name(),
+            o.tenant,
+            o.at,
+            status,
+            o.ttft.map_or(String::new(), |v| format!("{v:.4}")),
+            o.e2e,
+            o.tokens,
+            o.worker.as_deref().unwrap_or(""),
+            o.lateness
+        );
+    }
+    t
+}

@@ -1,0 +1,271 @@
+//! Every Prometheus collector of gpulb, registered in one place (its own registry, not the
+//! global one), with typed recording methods for the request path.
+//!
+//! Request-path figures (requests, latencies, sheds) are recorded as they happen. Live state that
+//! already sits in atomics (backends, health, queues, telemetry, reloads) is read from the current
+//! [`Snapshot`] at scrape time, so nothing is counted twice and backends removed by a reload
+//! vanish from the next scrape.
+
+mod class;
+mod scrape;
+#[cfg(test)]
+mod tests;
+mod window;
+
+pub use class::ClassMetrics;
+pub use scrape::gpu_label;
+pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
+
+use crate::health::now_ms;
+use crate::hostinfo::{CpuRatios, CpuSampler};
+use crate::registry::Snapshot;
+use crate::reload::ReloadStatus;
+use class::TenantLabels;
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Histogram buckets (seconds) for LLM latencies: milliseconds for a cached token, minutes for a
+/// long generation.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Distinct tenant label values kept before further tenants fold into `other`.
+pub const DEFAULT_MAX_TENANTS: usize = 20;
+
+/// Longest tenant name used as a label value; longer ones fold into `other`.
+const MAX_TENANT_LEN: usize = 64;
+
+/// Host CPU figures older than this are refreshed by the scrape itself.
+const HOST_STALE: Duration = Duration::from_secs(5);
+
+/// The metrics of one process; share it as `Arc<Metrics>`.
+pub struct Metrics {
+    registry: prometheus::Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    ttfb: HistogramVec,
+    queue_wait: HistogramVec,
+    shed: IntCounterVec,
+    auth_failures: IntCounter,
+    tenants: Arc<TenantLabels>,
+    classes: RwLock<HashMap<String, Arc<ClassMetrics>>>,
+    live: Mutex<scrape::Live>,
+    host: Mutex<HostCpu>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct HostCpu {
+    sampler: CpuSampler,
+    last: Option<(CpuRatios, Instant)>,
+}
+
+/// Registers `c` in `r`; names are constants, so a clash is a bug caught by the unit tests.
+fn register<C: prometheus::core::Collector + Clone + 'static>(r: &prometheus::Registry, c: C) -> C {
+    r.register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+fn histogram(r: &prometheus::Registry, name: &str, help: &str) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    register(
+        r,
+        HistogramVec::new(opts, &["class"]).expect("valid histogram"),
+    )
+}
+
+fn counter(r: &prometheus::Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"),
+    )
+}
+
+/// The status code as a label value without allocating.
+fn status_label(status: u16, buf: &mut [u8; 3]) -> &str {
+    let s = status.clamp(100, 999);
+    *buf = [
+        b'0' + (s / 100) as u8,
+        b'0' + (s / 10 % 10) as u8,
+        b'0' + (s % 10) as u8,
+    ];
+    std::str::from_utf8(buf).unwrap_or("000")
+}
+
+/// Seconds on the monotonic clock that [`LatencyWindow`] is fed with.
+pub fn now_s() -> u64 {
+    now_ms() / 1000
+}
+
+impl Metrics {
+    /// Every collector, registered; at most `max_tenants` tenant label values (then `other`).
+    pub fn new(max_tenants: usize) -> Metrics {
+        let r = prometheus::Registry::new();
+        let requests = counter(
+            &r,
+            "gpulb_requests_total",
+            "Requests answered, by class, backend (none when shed or unrouted) and status code.",
+            &["class", "backend", "status"],
+        );
+        let duration = histogram(
+            &r,
+            "gpulb_request_duration_seconds",
+            "Time from request arrival to the last byte of the response, by class.",
+        );
+        let ttfb = histogram(
+            &r,
+            "gpulb_time_to_first_byte_seconds",
+            "Time from request arrival to the first byte of the response body, by class.",
+        );
+        let queue_wait = histogram(
+            &r,
+            "gpulb_queue_wait_seconds",
+            "Time a request waited in its class queue before a backend slot was free.",
+        );
+        let shed = counter(
+            &r,
+            "gpulb_shed_total",
+            "Requests refused by admission, by class, tenant (capped, then other) and reason.",
+            &["class", "tenant", "reason"],
+        );
+        let auth_failures = register(
+            &r,
+            IntCounter::new(
+                "gpulb_admin_auth_failures_total",
+                "Admin requests refused for a missing or wrong bearer token.",
+            )
+            .expect("valid counter"),
+        );
+        let live = scrape::Live::register(&r);
+        Metrics {
+            registry: r,
+            requests,
+            duration,
+            ttfb,
+            queue_wait,
+            shed,
+            auth_failures,
+            tenants: Arc::new(TenantLabels {
+                max: max_tenants,
+                known: RwLock::default(),
+            }),
+            classes: RwLock::default(),
+            live: Mutex::new(live),
+            host: Mutex::default(),
+        }
+    }
+
+    /// The handles of class `name`, created on first use; cheap to hold per request.
+    pub fn class(&self, name: &str) -> Arc<ClassMetrics> {
+        if let Some(c) = self.classes.read().ok().and_then(|m| m.get(name).cloned()) {
+            return c;
+        }
+        let Ok(mut classes) = self.classes.write() else {
+            return Arc::new(self.new_class(name));
+        };
+        Arc::clone(
+            classes
+                .entry(name.to_string())
+                .or_insert_with(|| Arc::new(self.new_class(name))),
+        )
+    }
+
+    fn new_class(&self, name: &str) -> ClassMetrics {
+        ClassMetrics {
+            name: name.to_string(),
+            requests: self.requests.clone(),
+            duration: self.duration.with_label_values(&[name]),
+            ttfb: self.ttfb.with_label_values(&[name]),
+            queue_wait: self.queue_wait.with_label_values(&[name]),
+            shed: self.shed.clone(),
+            tenants: Arc::clone(&self.tenants),
+            window: LatencyWindow::default(),
+            finished_total: AtomicU64::new(0),
+            shed_total: AtomicU64::new(0),
+        }
+    }
+
+    /// A request of `class` was answered: once per request, from the logging hook, shed and
+    /// failed ones too (`backend` `None` when it never reached one); `ttfb` when a body byte
+    /// was sent. Costs a few hash lookups; hold [`Metrics::class`] to skip one.
+    pub fn request_finished(
+        &self,
+        class: &str,
+        backend: Option<&str>,
+        status: u16,
+        duration: Duration,
+        ttfb: Option<Duration>,
+    ) {
+        self.class(class)
+            .request_finished(backend, status, duration, ttfb);
+    }
+
+    /// A request of `class` from `tenant` was refused by admission for `reason` (a fixed set,
+    /// e.g. [`crate::admission::ShedReason::as_str`]); it still gets `request_finished`.
+    pub fn shed(&self, class: &str, tenant: &str, reason: &str) {
+        self.class(class).shed(tenant, reason);
+    }
+
+    /// A request of `class` waited `waited` in the queue before it was admitted.
+    pub fn queue_wait(&self, class: &str, waited: Duration) {
+        self.class(class).queue_wait(waited);
+    }
+
+    /// An admin request was refused for a missing or wrong token.
+    pub fn auth_failure(&self) {
+        self.auth_failures.inc();
+    }
+
+    /// Admin requests refused so far for a missing or wrong token.
+    pub fn auth_failures_total(&self) -> u64 {
+        self.auth_failures.get()
+    }
+
+    /// Reads the host CPU counters; the use since the previous call (`None` on the first).
+    pub fn sample_host_cpu(&self) -> Option<CpuRatios> {
+        let mut host = self.host.lock().ok()?;
+        let ratios = host.sampler.sample();
+        if let Some(r) = ratios {
+            host.last = Some((r, Instant::now()));
+        }
+        ratios
+    }
+
+    /// The last host CPU figures, sampling now when they are missing or stale.
+    pub fn host_cpu(&self) -> Option<CpuRatios> {
+        let fresh = self
+            .host
+            .lock()
+            .ok()
+            .and_then(|h| h.last)
+            .and_then(|(r, at)| (at.elapsed() < HOST_STALE).then_some(r));
+        fresh.or_else(|| self.sample_host_cpu())
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of everything, live state read from
+    /// `snapshot` and `reload` now.
+    pub fn render(&self, snapshot: &Snapshot, reload: Option<&ReloadStatus>) -> String {
+        let host = self.host_cpu();
+        let families = match self.live.lock() {
+            Ok(live) => {
+                live.fill(snapshot, reload, host);
+                // Gathered under the lock so two scrapes never see each other's half-filled state.
+                self.registry.gather()
+            }
+            Err(_) => self.registry.gather(),
+        };
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,114 @@
+//! Per-class handles of the request-path metrics, and the tenant label cap.
+
+use super::{now_s, status_label, LatencyWindow, Percentiles, MAX_TENANT_LEN};
+use prometheus::{Histogram, IntCounterVec};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Pre-resolved handles of one class: record through these to skip the label lookups.
+pub struct ClassMetrics {
+    pub(super) name: String,
+    pub(super) requests: IntCounterVec,
+    pub(super) duration: Histogram,
+    pub(super) ttfb: Histogram,
+    pub(super) queue_wait: Histogram,
+    pub(super) shed: IntCounterVec,
+    pub(super) tenants: Arc<TenantLabels>,
+    pub(super) window: LatencyWindow,
+    pub(super) finished_total: AtomicU64,
+    pub(super) shed_total: AtomicU64,
+}
+
+impl std::fmt::Debug for ClassMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassMetrics")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Folds tenants past the first `max` seen into `other`, bounding label cardinality.
+pub(super) struct TenantLabels {
+    pub(super) max: usize,
+    pub(super) known: RwLock<HashSet<String>>,
+}
+
+impl TenantLabels {
+    pub(super) fn label<'a>(&self, tenant: &'a str) -> &'a str {
+        if tenant.is_empty() {
+            return "none";
+        }
+        if tenant.len() > MAX_TENANT_LEN {
+            return "other";
+        }
+        if self.known.read().is_ok_and(|k| k.contains(tenant)) {
+            return tenant;
+        }
+        match self.known.write() {
+            Ok(mut k) if k.contains(tenant) || k.len() < self.max => {
+                k.insert(tenant.to_string());
+                tenant
+            }
+            _ => "other",
+        }
+    }
+}
+
+impl ClassMetrics {
+    /// Class name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// See [`Metrics::request_finished`].
+    pub fn request_finished(
+        &self,
+        backend: Option<&str>,
+        status: u16,
+        duration: Duration,
+        ttfb: Option<Duration>,
+    ) {
+        let mut buf = [0; 3];
+        let status = status_label(status, &mut buf);
+        self.requests
+            .with_label_values(&[self.name.as_str(), backend.unwrap_or("none"), status])
+            .inc();
+        self.duration.observe(duration.as_secs_f64());
+        if let Some(t) = ttfb {
+            self.ttfb.observe(t.as_secs_f64());
+        }
+        self.window.record(now_s(), duration, ttfb);
+        self.finished_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// See [`Metrics::shed`].
+    pub fn shed(&self, tenant: &str, reason: &str) {
+        let tenant = self.tenants.label(tenant);
+        self.shed
+            .with_label_values(&[self.name.as_str(), tenant, reason])
+            .inc();
+        self.shed_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// See [`Metrics::queue_wait`].
+    pub fn queue_wait(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// p50/p99 of (duration, time to first byte) over the last `span_s` seconds (at most 60).
+    pub fn percentiles(&self, span_s: u64) -> (Percentiles, Percentiles) {
+        self.window.percentiles(now_s(), span_s)
+    }
+
+    /// Requests of this class answered so far.
+    pub fn finished_total(&self) -> u64 {
+        self.finished_total.load(Ordering::Relaxed)
+    }
+
+    /// Requests of this class shed so far.
+    pub fn shed_total(&self) -> u64 {
+        self.shed_total.load(Ordering::Relaxed)
+    }
+}

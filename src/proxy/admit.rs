@@ -1,0 +1,65 @@
+//! The admission step of `request_filter`: wait in the class queue for a grant, or be shed.
+
+use super::ctx::RequestCtx;
+use crate::admission::ShedReason;
+use crate::client_watch::client_gone;
+use crate::error::ProxyError;
+use crate::registry::Snapshot;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use std::sync::Arc;
+
+/// Admits the request of `ctx` into its class: on success the class slot, tenant slot and first
+/// backend lease are in `ctx`. A refusal comes back as the error to answer; a client that left
+/// while queued comes back as a downstream error (nobody is left to answer).
+pub async fn admit(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    snapshot: &Arc<Snapshot>,
+) -> Result<Option<ProxyError>> {
+    let index = ctx.class;
+    let class = &snapshot.classes[index];
+    let waiting = class
+        .state
+        .queue
+        .admit(&ctx.tenant, &class.policy, || snapshot.grant(index));
+    // `biased`: a request admitted at once never starts the client watch.
+    let outcome = tokio::select! {
+        biased;
+        outcome = waiting => outcome,
+        () = client_gone(session) => {
+            ctx.failure = Some(ProxyError::ClientGone);
+            return Error::e_explain(ErrorType::ConnectionClosed, "client went away while queued")
+                .map_err(|e| e.into_down());
+        }
+    };
+    match outcome {
+        Ok(admitted) => {
+            ctx.class_slot = Some(admitted.lease.class_slot);
+            ctx.lease = Some(admitted.lease.lease);
+            ctx.tenant_slot = Some(admitted.tenant_slot);
+            ctx.queued_for = admitted.queued_for;
+            Ok(None)
+        }
+        Err(shed) => {
+            let (class_name, pool) = ctx.class_and_pool();
+            let retry_after = shed.retry_after_secs();
+            let error = if shed.reason == ShedReason::QueueFull && class.policy.max_depth == 0 {
+                // Queueing is off: the plain truth is that nothing was free.
+                ProxyError::NoBackendAvailable {
+                    class: class_name,
+                    pool,
+                    retry_after,
+                }
+            } else {
+                ProxyError::Shed {
+                    class: class_name,
+                    tenant: ctx.tenant.clone(),
+                    reason: shed.reason,
+                    retry_after,
+                }
+            };
+            Ok(Some(error))
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Per-request state carried through pingora's filters.
+
+use crate::admission::TenantSlot;
+use crate::backend::{Lease, Slot};
+use crate::error::ProxyError;
+use crate::metrics::ClassMetrics;
+use crate::registry::Snapshot;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Per-request state. The slots are RAII guards: dropping the context releases them.
+#[derive(Default)]
+pub struct RequestCtx {
+    /// The snapshot the request runs under, loaded once.
+    pub snapshot: Option<Arc<Snapshot>>,
+    /// Index of its class in the snapshot.
+    pub class: usize,
+    /// Its tenant (the tenant header's value, or `default`).
+    pub tenant: String,
+    /// Counts the request against its class.
+    pub class_slot: Option<Slot>,
+    /// Counts the request against its tenant in the class queue's books.
+    pub tenant_slot: Option<TenantSlot>,
+    /// The current attempt's backend slot.
+    pub lease: Option<Lease>,
+    /// Backends whose connect failed for this request; never chosen again for it.
+    pub failed: Vec<usize>,
+    /// Request id, forwarded and echoed.
+    pub request_id: Option<String>,
+    /// Why the request failed or was refused, when it did.
+    pub failure: Option<ProxyError>,
+    /// The current attempt's outcome already went to outlier detection.
+    pub outcome_reported: bool,
+    /// When `request_filter` began.
+    pub started: Option<Instant>,
+    /// Time spent waiting in the class queue.
+    pub queued_for: Duration,
+    /// When the response header arrived from the backend.
+    pub first_byte: Option<Instant>,
+    /// When the first response body byte went to the client (the first token, when streaming).
+    pub first_body_byte: Option<Instant>,
+    /// Attempts sent to backends (retries included).
+    pub attempts: u32,
+    /// Index of the backend of the latest attempt.
+    pub backend: Option<usize>,
+    /// Metric handles of the request's class.
+    pub class_metrics: Option<Arc<ClassMetrics>>,
+}
+
+impl RequestCtx {
+    /// Names of the request's class and that class's pool.
+    pub fn class_and_pool(&self) -> (String, String) {
+        match &self.snapshot {
+            Some(snap) => {
+                let class = &snap.classes[self.class];
+                (class.name.clone(), snap.pools[class.pool].name.clone())
+            }
+            None => (String::new(), String::new()),
+        }
+    }
+
+    /// The error for "no backend of the class's pool can take the request".
+    pub fn no_backend(&self) -> ProxyError {
+        let (class, pool) = self.class_and_pool();
+        ProxyError::NoBackendAvailable {
+            class,
+            pool,
+            retry_after: 1,
+        }
+    }
+
+    /// The request id header name in force.
+    pub fn id_header(&self) -> String {
+        self.snapshot
+            .as_ref()
+            .map_or("x-request-id".to_string(), |s| {
+                s.config.request_id_header.clone()
+            })
+    }
+}

@@ -1,0 +1,62 @@
+//! The end of a request: one metrics record and one access-log line, whatever happened.
+
+use super::ctx::RequestCtx;
+use crate::access_log::{self, AccessRecord};
+use crate::error::ProxyError;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use std::time::Instant;
+
+/// Records the finished request of `ctx` in the metrics and, when `access_log`, the access log.
+pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log: bool) {
+    let now = Instant::now();
+    let started = ctx.started.unwrap_or(now);
+    let duration = now.saturating_duration_since(started);
+    let ttfb = ctx
+        .first_body_byte
+        .map(|t| t.saturating_duration_since(started));
+    let status = match (session.response_written(), &ctx.failure) {
+        (Some(resp), _) => resp.status.as_u16(),
+        (None, Some(failure)) => failure.status(),
+        // Nothing was answered: the client left (nginx's 499).
+        (None, None) => 499,
+    };
+    let snapshot = ctx.snapshot.as_deref();
+    let backend = ctx
+        .backend
+        .zip(snapshot)
+        .and_then(|(i, s)| s.backends.get(i))
+        .map(|b| b.state.name.as_str());
+    if let Some(class) = &ctx.class_metrics {
+        class.request_finished(backend, status, duration, ttfb);
+    }
+    if !access_log {
+        return;
+    }
+    let reason = match (&ctx.failure, e) {
+        (Some(failure), _) => Some(failure.code()),
+        (None, Some(error)) => {
+            Some(ProxyError::from_pingora(error).map_or("client_gone", |f| f.code()))
+        }
+        (None, None) => None,
+    };
+    let class = snapshot
+        .and_then(|s| s.classes.get(ctx.class))
+        .map_or("", |c| c.name.as_str());
+    let req = session.req_header();
+    access_log::log(&AccessRecord {
+        request_id: ctx.request_id.as_deref().unwrap_or(""),
+        method: req.method.as_str(),
+        path: req.uri.path(),
+        class,
+        tenant: &ctx.tenant,
+        backend,
+        status,
+        queue_wait: ctx.class_slot.as_ref().map(|_| ctx.queued_for),
+        ttfb,
+        duration,
+        bytes_sent: session.body_bytes_sent() as u64,
+        attempts: ctx.attempts,
+        reason,
+    });
+}

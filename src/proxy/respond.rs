@@ -1,0 +1,63 @@
+//! Answers the proxy writes itself: OpenAI-shaped errors, with request id and `Retry-After`.
+
+use super::ctx::RequestCtx;
+use crate::error::ProxyError;
+use crate::headers;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+/// Writes the error response for `error`.
+pub async fn respond_error(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    error: &ProxyError,
+) -> Result<()> {
+    let body = Bytes::from(error.body());
+    let mut resp = ResponseHeader::build(error.status(), Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(seconds) = error.retry_after() {
+        resp.insert_header("retry-after", seconds.to_string())?;
+    }
+    if let Some(id) = &ctx.request_id {
+        resp.insert_header(ctx.id_header(), id.as_str())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
+/// Takes the client's request id (up to 128 bytes) or adds a fresh one; returns it.
+pub fn ensure_request_id(session: &mut Session, id_header: &str) -> Result<String> {
+    let existing = session
+        .req_header()
+        .headers
+        .get(id_header)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map(str::to_string);
+    match existing {
+        Some(id) => Ok(id),
+        None => {
+            let id = headers::new_request_id();
+            session
+                .req_header_mut()
+                .insert_header(id_header.to_string(), id.as_str())?;
+            Ok(id)
+        }
+    }
+}
+
+/// The request's tenant: the tenant header's value (up to 64 bytes), else `default`.
+pub fn tenant_of(session: &Session, tenant_header: &str) -> String {
+    session
+        .req_header()
+        .headers
+        .get(tenant_header)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .unwrap_or("default")
+        .to_string()
+}

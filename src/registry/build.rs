@@ -1,0 +1,134 @@
+//! Building a snapshot from a validated config, carrying live state over by name.
+
+use super::{Backend, Class, Pool, Snapshot};
+use crate::backend::{BackendState, ClassState};
+use crate::classify::ClassRule;
+use crate::config::{backend_addr, queue_policy, BackendConfig, Config};
+use crate::health::CheckStatus;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+impl Snapshot {
+    /// Builds a snapshot from a validated config, reusing live state from `previous` by name.
+    pub fn build(config: Config, generation: u64, previous: Option<&Snapshot>) -> Snapshot {
+        let old_backends: HashMap<&str, &Backend> = previous
+            .map(|p| {
+                p.backends
+                    .iter()
+                    .map(|b| (b.state.name.as_str(), b))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let old_classes: HashMap<&str, &Arc<ClassState>> = previous
+            .map(|p| {
+                p.classes
+                    .iter()
+                    .map(|c| (c.name.as_str(), &c.state))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let capacity = previous
+            .map(|p| Arc::clone(&p.capacity))
+            .unwrap_or_default();
+        let backends: Vec<Backend> = config
+            .backends
+            .iter()
+            .filter_map(|b| {
+                let old = old_backends.get(b.name.as_str()).copied();
+                build_backend(&config, b, old, &capacity)
+            })
+            .collect();
+        let backend_index = |name: &str| backends.iter().position(|b| b.state.name == name);
+        let pools: Vec<Pool> = config
+            .pools
+            .iter()
+            .map(|p| Pool {
+                name: p.name.clone(),
+                members: p.backends.iter().filter_map(|n| backend_index(n)).collect(),
+            })
+            .collect();
+        let classes: Vec<Class> = config
+            .classes
+            .iter()
+            .map(|c| {
+                let pool = config
+                    .pools
+                    .iter()
+                    .position(|p| p.name == c.pool)
+                    .unwrap_or(0);
+                // A class's own guards apply wherever it goes; else each pool's.
+                let guards_in = |pool: usize| {
+                    c.guards
+                        .clone()
+                        .unwrap_or_else(|| config.pools[pool].guards.clone())
+                };
+                Class {
+                    name: c.name.clone(),
+                    rule: ClassRule::compile(&c.matcher),
+                    pool,
+                    max_outstanding: c.max_outstanding.unwrap_or(u32::MAX),
+                    guards: guards_in(pool),
+                    fallback: c.fallback_pool.as_ref().and_then(|name| {
+                        let index = config.pools.iter().position(|p| &p.name == name)?;
+                        Some((index, guards_in(index)))
+                    }),
+                    backend_share: c.backend_share,
+                    policy: queue_policy(&c.queue, &c.fairness, c.tenant_max_outstanding),
+                    state: old_classes
+                        .get(c.name.as_str())
+                        .map(|s| Arc::clone(s))
+                        .unwrap_or_else(|| Arc::new(ClassState::new(Arc::clone(&capacity)))),
+                }
+            })
+            .collect();
+        let default_class = config
+            .default_class
+            .as_deref()
+            .and_then(|name| classes.iter().position(|c| c.name == name))
+            .unwrap_or(0);
+        Snapshot {
+            generation,
+            config: Arc::new(config),
+            backends,
+            pools,
+            classes,
+            default_class,
+            capacity,
+        }
+    }
+}
+
+/// One backend of the new snapshot; its health restarts when checks turn on or it moved.
+fn build_backend(
+    config: &Config,
+    b: &BackendConfig,
+    old: Option<&Backend>,
+    capacity: &Arc<Notify>,
+) -> Option<Backend> {
+    let addr = backend_addr(&b.url).ok()?;
+    let state = old
+        .map(|o| Arc::clone(&o.state))
+        .unwrap_or_else(|| Arc::new(BackendState::new(&b.name, Arc::clone(capacity))));
+    let health_check = config.health_check.with(&b.health_check);
+    let moved = old.is_some_and(|o| o.addr != addr);
+    match (health_check.enabled, state.health.status()) {
+        (false, _) => state.health.set_unchecked(),
+        (true, CheckStatus::Unchecked) => state.health.reset(),
+        // A new address is a new server: no traffic until it passes a check.
+        (true, _) if moved => state.health.reset(),
+        _ => {}
+    }
+    if moved {
+        state.telemetry.store(None);
+    }
+    Some(Backend {
+        state,
+        url: b.url.clone(),
+        addr,
+        weight: b.weight,
+        max_outstanding: b.max_outstanding,
+        health_check,
+        telemetry: b.telemetry.clone(),
+    })
+}

@@ -1,0 +1,139 @@
+//! The routing snapshot: backends, pools and classes built from one config, swapped whole.
+//!
+//! Live backend state (`Arc<BackendState>`) is carried from one snapshot to the next by backend
+//! name, so a rebuild never loses in-flight counts.
+
+mod build;
+mod select;
+
+use crate::admission::QueuePolicy;
+use crate::backend::{BackendState, ClassState};
+use crate::classify::ClassRule;
+use crate::config::{Config, Guards, HealthCheck};
+use crate::telemetry::SourceConfig;
+use arc_swap::ArcSwap;
+use http::{HeaderMap, Method};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// A backend as this snapshot configures it, with its live state.
+#[derive(Debug)]
+pub struct Backend {
+    /// Live counters, shared across snapshots.
+    pub state: Arc<BackendState>,
+    /// Configured URL, for display.
+    pub url: String,
+    /// Resolved address.
+    pub addr: SocketAddr,
+    /// Relative capacity.
+    pub weight: u32,
+    /// In-flight cap.
+    pub max_outstanding: u32,
+    /// Its active health check, defaults and overrides resolved.
+    pub health_check: HealthCheck,
+    /// Where its telemetry is read.
+    pub telemetry: Vec<SourceConfig>,
+}
+
+/// A named set of backends (indices into [`Snapshot::backends`]).
+#[derive(Debug)]
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// Member backends.
+    pub members: Vec<usize>,
+}
+
+/// A request class as this snapshot configures it.
+#[derive(Debug)]
+pub struct Class {
+    /// Class name.
+    pub name: String,
+    /// Which requests belong to it.
+    pub rule: ClassRule,
+    /// Index into [`Snapshot::pools`].
+    pub pool: usize,
+    /// Class-wide in-flight cap.
+    pub max_outstanding: u32,
+    /// Telemetry guards: the class's own, else its pool's.
+    pub guards: Guards,
+    /// Pool tried when `pool` has no free slot, with the guards that apply there.
+    pub fallback: Option<(usize, Guards)>,
+    /// Share of each backend's cap this class may fill.
+    pub backend_share: Option<f64>,
+    /// How the class's queue is bounded and ordered.
+    pub policy: QueuePolicy,
+    /// Live counters, shared across snapshots.
+    pub state: Arc<ClassState>,
+}
+
+/// Everything a request needs to be routed, immutable once built.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Increases by one with every applied config.
+    pub generation: u64,
+    /// The config this snapshot was built from.
+    pub config: Arc<Config>,
+    /// All backends, in config order.
+    pub backends: Vec<Backend>,
+    /// All pools, in config order.
+    pub pools: Vec<Pool>,
+    /// All classes, in match order.
+    pub classes: Vec<Class>,
+    /// Index of the class for requests no rule matches.
+    pub default_class: usize,
+    /// Signalled whenever a backend or class slot is released; shared by all snapshots.
+    pub capacity: Arc<Notify>,
+}
+
+impl Snapshot {
+    /// The class a request belongs to: the first whose rule matches, else the default.
+    pub fn classify(&self, method: &Method, path: &str, headers: &HeaderMap) -> usize {
+        self.classes
+            .iter()
+            .position(|c| c.rule.matches(method, path, headers))
+            .unwrap_or(self.default_class)
+    }
+}
+
+/// The live snapshot, swapped atomically; readers keep the one they loaded until they finish.
+pub struct Registry {
+    current: ArcSwap<Snapshot>,
+    generations: tokio::sync::watch::Sender<u64>,
+}
+
+impl Registry {
+    /// A registry serving `config` as generation 1.
+    pub fn new(config: Config) -> Self {
+        Registry {
+            current: ArcSwap::from_pointee(Snapshot::build(config, 1, None)),
+            generations: tokio::sync::watch::Sender::new(1),
+        }
+    }
+
+    /// Notified with the new generation whenever a config is applied.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generations.subscribe()
+    }
+
+    /// The snapshot in force now.
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Builds a snapshot from a validated config and makes it current; returns its generation.
+    pub fn apply(&self, config: Config) -> u64 {
+        let previous = self.load();
+        let next = Snapshot::build(config, previous.generation + 1, Some(&previous));
+        let generation = next.generation;
+        self.current.store(Arc::new(next));
+        self.generations.send_replace(generation);
+        // The new config may bring capacity (more backends, higher caps): let queues know.
+        self.load().capacity.notify_one();
+        generation
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! GPU and model-server telemetry: typed readings, the sources that produce them, and the poller.
+//!
+//! Each source (NVML, a dcgm-exporter endpoint, a model server's `/metrics`) yields a
+//! [`Reading`]; a backend's sources are merged into one and published as [`Telemetry`].
+//! Values a source does not expose stay `None`: nothing here invents numbers.
+
+pub mod dcgm;
+pub mod model_server;
+pub mod nvml;
+mod poll;
+pub mod prom_text;
+mod source;
+
+pub use dcgm::parse_dcgm;
+pub use model_server::{parse_server_load, ServerKind};
+pub(crate) use poll::stopped;
+pub use poll::{poll, scrape, MAX_BODY};
+pub use source::{GpuSelector, SourceConfig, SourceKind};
+
+use std::time::{Duration, Instant};
+
+/// One GPU as last read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuReading {
+    /// NVML / dcgm index of the GPU on its host.
+    pub index: Option<u32>,
+    /// `GPU-…` UUID.
+    pub uuid: Option<String>,
+    /// Compute utilization, 0..=1.
+    pub utilization: Option<f64>,
+    /// Framebuffer memory in use, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// Framebuffer memory in all, bytes.
+    pub memory_total_bytes: Option<u64>,
+    /// GPU core temperature, °C.
+    pub temperature_celsius: Option<f64>,
+    /// Power draw, W.
+    pub power_watts: Option<f64>,
+}
+
+impl GpuReading {
+    /// Used share of the GPU's memory, 0..=1, when both figures are known.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        let used = self.memory_used_bytes?;
+        let total = self.memory_total_bytes?;
+        (total > 0).then(|| (used as f64 / total as f64).clamp(0.0, 1.0))
+    }
+
+    /// Whether two readings describe the same GPU (same UUID, or same index when a UUID is missing).
+    fn same_gpu(&self, other: &GpuReading) -> bool {
+        match (&self.uuid, &other.uuid) {
+            (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+            _ => self.index.is_some() && self.index == other.index,
+        }
+    }
+
+    /// Fills the fields this reading lacks from `other`.
+    fn fill_from(&mut self, other: &GpuReading) {
+        fn fill<T: Clone>(mine: &mut Option<T>, theirs: &Option<T>) {
+            if mine.is_none() {
+                mine.clone_from(theirs);
+            }
+        }
+        fill(&mut self.index, &other.index);
+        fill(&mut self.uuid, &other.uuid);
+        fill(&mut self.utilization, &other.utilization);
+        fill(&mut self.memory_used_bytes, &other.memory_used_bytes);
+        fill(&mut self.memory_total_bytes, &other.memory_total_bytes);
+        fill(&mut self.temperature_celsius, &other.temperature_celsius);
+        fill(&mut self.power_watts, &other.power_watts);
+    }
+}
+
+/// The model server's own view of its load.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerLoad {
+    /// Requests in the running batch.
+    pub running: Option<f64>,
+    /// Requests queued inside the server, not yet running.
+    pub waiting: Option<f64>,
+    /// KV-cache usage, 0..=1.
+    pub kv_cache_usage: Option<f64>,
+}
+
+/// What one scrape of one source gave (or several sources, merged).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    /// The GPUs read (a tensor-parallel backend has several).
+    pub gpus: Vec<GpuReading>,
+    /// The model server's load figures, when a model-server source was read.
+    pub server: Option<ServerLoad>,
+}
+
+impl Reading {
+    /// Merges `other` into `self`: the same GPU seen twice becomes one (earlier sources win
+    /// on conflicting values, later ones fill gaps); server figures likewise.
+    pub fn merge(&mut self, other: &Reading) {
+        for gpu in &other.gpus {
+            match self.gpus.iter_mut().find(|g| g.same_gpu(gpu)) {
+                Some(mine) => mine.fill_from(gpu),
+                None => self.gpus.push(gpu.clone()),
+            }
+        }
+        match (&mut self.server, &other.server) {
+            (Some(mine), Some(theirs)) => {
+                mine.running = mine.running.or(theirs.running);
+                mine.waiting = mine.waiting.or(theirs.waiting);
+                mine.kv_cache_usage = mine.kv_cache_usage.or(theirs.kv_cache_usage);
+            }
+            (None, Some(theirs)) => self.server = Some(theirs.clone()),
+            _ => {}
+        }
+    }
+
+    /// Highest memory fraction over the GPUs whose memory is known.
+    pub fn max_memory_fraction(&self) -> Option<f64> {
+        self.gpus
+            .iter()
+            .filter_map(GpuReading::memory_fraction)
+            .reduce(f64::max)
+    }
+}
+
+/// A backend's merged reading and when it was taken (the oldest part of it, when merged).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Telemetry {
+    /// The merged reading.
+    pub reading: Reading,
+    /// When it was read; its age tells the consumer whether to trust it.
+    pub taken_at: Instant,
+}
+
+/// Whether `t` is at most `max_age` old at `now`.
+pub fn is_fresh(t: &Telemetry, max_age: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(t.taken_at) <= max_age
+}
+
+/// Why a source gave no reading.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TelemetryError {
+    /// The HTTP request failed before a status came back (connect refused, reset...).
+    #[error("GET {url}: {message}")]
+    Http {
+        /// The URL scraped.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The endpoint answered with a non-success status.
+    #[error("GET {url}: HTTP {status}")]
+    Status {
+        /// The URL scraped.
+        url: String,
+        /// The status code.
+        status: u16,
+    },
+    /// No complete answer within the source's timeout.
+    #[error("GET {url}: no answer within {}", crate::config::duration::format(*.timeout))]
+    Timeout {
+        /// The URL scraped.
+        url: String,
+        /// The timeout that passed.
+        timeout: Duration,
+    },
+    /// The answer was larger than a metrics page may be.
+    #[error("GET {url}: body larger than {limit} bytes")]
+    TooLarge {
+        /// The URL scraped.
+        url: String,
+        /// The limit, bytes.
+        limit: usize,
+    },
+    /// The text is not Prometheus exposition format.
+    #[error("{0}")]
+    Parse(#[from] prom_text::ParseError),
+    /// The scrape parsed but holds none of the series this source reads.
+    #[error("no {what} series in the scrape")]
+    NoSeries {
+        /// What was looked for, e.g. `vllm` or `DCGM_FI_DEV_*`.
+        what: String,
+    },
+    /// A configured GPU is not in the scrape or not on this host.
+    #[error("GPU {0} not found")]
+    GpuNotFound(String),
+    /// NVML cannot be used on this host (no library, no driver, no permission).
+    #[error("NVML unavailable: {0}")]
+    NvmlUnavailable(String),
+    /// NVML is loaded but a call failed.
+    #[error("NVML: {0}")]
+    Nvml(String),
+}
+
+#[cfg(test)]
+mod tests;

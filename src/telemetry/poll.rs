@@ -1,0 +1,203 @@
+//! The telemetry loop of one backend: reads each source on its own cadence, merges, publishes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use futures_util::future::join_all;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{dcgm, model_server, nvml};
+use super::{Reading, SourceConfig, SourceKind, Telemetry, TelemetryError};
+
+/// Largest metrics page read; vLLM's full page is a few hundred KiB.
+pub const MAX_BODY: usize = 8 << 20;
+
+/// Reads one source once, bounded by its timeout.
+pub async fn scrape(source: &SourceConfig, backend_url: &str) -> Result<Reading, TelemetryError> {
+    match &source.kind {
+        SourceKind::Nvml { gpus } => {
+            let gpus = gpus.clone();
+            let task = tokio::task::spawn_blocking(move || nvml::read_gpus(&gpus));
+            match tokio::time::timeout(source.timeout, task).await {
+                Ok(Ok(result)) => result.map(|gpus| Reading { gpus, server: None }),
+                Ok(Err(join)) => Err(TelemetryError::Nvml(format!("read task failed: {join}"))),
+                Err(_) => Err(TelemetryError::Timeout {
+                    url: "nvml".to_string(),
+                    timeout: source.timeout,
+                }),
+            }
+        }
+        SourceKind::Dcgm { url, gpus } => {
+            let text = fetch(url, source.timeout).await?;
+            dcgm::parse_dcgm(&text, gpus)
+        }
+        SourceKind::ModelServer { server, .. } => {
+            let url = source.url(backend_url).unwrap_or_default();
+            let text = fetch(&url, source.timeout).await?;
+            model_server::parse_server_load(*server, &text)
+        }
+    }
+}
+
+/// The process-wide scraping client (keep-alive pool shared by every backend's loop).
+fn client() -> Result<&'static reqwest::Client, TelemetryError> {
+    static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|message| TelemetryError::Http {
+            url: String::new(),
+            message: format!("cannot build HTTP client: {message}"),
+        })
+}
+
+/// GETs a metrics page: success status, at most [`MAX_BODY`] bytes, all within `timeout`.
+pub(crate) async fn fetch(url: &str, timeout: Duration) -> Result<String, TelemetryError> {
+    let http = |e: reqwest::Error| TelemetryError::Http {
+        url: url.to_string(),
+        message: e.without_url().to_string(),
+    };
+    let request = async {
+        let mut resp = client()?.get(url).send().await.map_err(http)?;
+        if !resp.status().is_success() {
+            return Err(TelemetryError::Status {
+                url: url.to_string(),
+                status: resp.status().as_u16(),
+            });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(http)? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(TelemetryError::TooLarge {
+                    url: url.to_string(),
+                    limit: MAX_BODY,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TelemetryError::Timeout {
+                url: url.to_string(),
+                timeout,
+            })
+        })
+}
+
+/// One source's schedule and last good reading.
+struct Slot {
+    config: SourceConfig,
+    next: Instant,
+    last: Option<(Reading, Instant)>,
+    failing: bool,
+}
+
+/// Polls a backend's sources until `shutdown` turns true (or its sender is dropped).
+///
+/// Each source is read every `interval`; after a round in which any source succeeded, the
+/// merge of every source's last good reading is stored in `sink`, stamped with the oldest of
+/// their times. A failed read keeps that source's last reading (so the stamp ages), adds one
+/// to `errors`, and is logged only when the source turns from ok to failing and back.
+pub async fn poll(
+    sources: Vec<SourceConfig>,
+    backend_url: String,
+    sink: Arc<ArcSwapOption<Telemetry>>,
+    errors: Arc<AtomicU64>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let start = Instant::now();
+    let mut slots: Vec<Slot> = sources
+        .into_iter()
+        .map(|config| Slot {
+            config,
+            next: start,
+            last: None,
+            failing: false,
+        })
+        .collect();
+    while !slots.is_empty() && !*shutdown.borrow() {
+        let round = Instant::now();
+        let due: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].next <= round)
+            .collect();
+        let reads = join_all(due.iter().map(|&i| scrape(&slots[i].config, &backend_url)));
+        let results = tokio::select! {
+            results = reads => results,
+            () = stopped(&mut shutdown) => return,
+        };
+        let mut any_ok = false;
+        for (&i, result) in due.iter().zip(results) {
+            let slot = &mut slots[i];
+            slot.next = (round + slot.config.interval).max(Instant::now());
+            any_ok |= record(slot, result, &backend_url, &errors);
+        }
+        if any_ok {
+            sink.store(Some(Arc::new(merged(&slots))));
+        }
+        let wake = slots.iter().map(|s| s.next).min().unwrap_or(round);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            () = stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+/// Resolves once shutdown is asked for, or its sender is gone.
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not Send: drop it here, inside this future.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Notes one read's outcome; true when it succeeded.
+fn record(
+    slot: &mut Slot,
+    result: Result<Reading, TelemetryError>,
+    backend: &str,
+    errors: &AtomicU64,
+) -> bool {
+    let source = slot.config.label();
+    match result {
+        Ok(reading) => {
+            if slot.failing {
+                tracing::info!(backend, source, "telemetry source recovered");
+                slot.failing = false;
+            }
+            slot.last = Some((reading, Instant::now()));
+            true
+        }
+        Err(error) => {
+            errors.fetch_add(1, Ordering::Relaxed);
+            if !slot.failing {
+                tracing::warn!(backend, source, %error, "telemetry source failing; keeping its last reading");
+                slot.failing = true;
+            }
+            false
+        }
+    }
+}
+
+/// Every source's last good reading, merged in config order, stamped with the oldest time.
+fn merged(slots: &[Slot]) -> Telemetry {
+    let mut reading = Reading::default();
+    let mut oldest: Option<Instant> = None;
+    for (r, at) in slots.iter().filter_map(|s| s.last.as_ref()) {
+        reading.merge(r);
+        oldest = Some(oldest.map_or(*at, |o| o.min(*at)));
+    }
+    Telemetry {
+        reading,
+        taken_at: oldest.unwrap_or_else(Instant::now).into_std(),
+    }
+}

@@ -1,0 +1,207 @@
+//! Telemetry tests: every source against the real samples in `tests/data/metrics`, merging,
+//! freshness and the config shape.
+
+use super::*;
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/data/metrics/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn load(running: Option<f64>, waiting: Option<f64>, kv: Option<f64>) -> Option<ServerLoad> {
+    Some(ServerLoad {
+        running,
+        waiting,
+        kv_cache_usage: kv,
+    })
+}
+
+#[test]
+fn vllm_v1_fixture() {
+    let r = parse_server_load(ServerKind::Vllm, &fixture("vllm.prom")).expect("parses");
+    assert_eq!(r.server, load(Some(0.0), Some(0.0), Some(0.0)));
+    assert!(r.gpus.is_empty());
+}
+
+#[test]
+fn vllm_v0_fixture_falls_back_to_gpu_cache_usage() {
+    let text = fixture("vllm-v0.prom");
+    assert!(!text.contains("kv_cache_usage_perc"));
+    let r = parse_server_load(ServerKind::Vllm, &text).expect("parses");
+    assert_eq!(r.server, load(Some(0.0), Some(0.0), Some(0.0)));
+}
+
+#[test]
+fn sglang_fixture() {
+    let r = parse_server_load(ServerKind::Sglang, &fixture("sglang.prom")).expect("parses");
+    assert_eq!(r.server, load(Some(162.0), Some(2826.0), Some(0.28)));
+}
+
+#[test]
+fn tgi_fixture_has_no_kv_figure() {
+    let r = parse_server_load(ServerKind::Tgi, &fixture("tgi.prom")).expect("parses");
+    assert_eq!(r.server, load(Some(0.0), Some(0.0), None));
+}
+
+#[test]
+fn llamacpp_fixture() {
+    let r = parse_server_load(ServerKind::Llamacpp, &fixture("llamacpp.prom")).expect("parses");
+    assert_eq!(r.server, load(Some(0.0), Some(0.0), Some(0.491063)));
+}
+
+#[test]
+fn triton_fixture_sums_pending_and_reads_its_gpu() {
+    let r = parse_server_load(ServerKind::Triton, &fixture("triton.prom")).expect("parses");
+    assert_eq!(r.server, load(None, Some(0.0), None));
+    assert_eq!(
+        r.gpus,
+        vec![GpuReading {
+            index: None,
+            uuid: Some("GPU-951eeeeb-d284-d263-688e-d98a5306389b".into()),
+            utilization: Some(0.0),
+            memory_used_bytes: Some(266_338_304),
+            memory_total_bytes: Some(16_106_127_360),
+            temperature_celsius: None,
+            power_watts: Some(32.09),
+        }]
+    );
+    let fraction = r.gpus[0].memory_fraction().expect("known");
+    assert!((fraction - 266_338_304.0 / 16_106_127_360.0).abs() < 1e-12);
+}
+
+#[test]
+fn dcgm_fixture() {
+    let text = fixture("dcgm-exporter.prom");
+    let expected = GpuReading {
+        index: Some(0),
+        uuid: Some("GPU-c2f76b33-7953-256e-8f33-1343419b1a1c".into()),
+        utilization: Some(0.0),
+        memory_used_bytes: Some(0),
+        // FREE 22563 + USED 0 + RESERVED 470 MiB.
+        memory_total_bytes: Some(23_033 * 1024 * 1024),
+        temperature_celsius: Some(31.0),
+        power_watts: Some(16.365),
+    };
+    for selectors in [
+        vec![],
+        vec![GpuSelector::Index(0)],
+        vec![GpuSelector::Uuid(
+            "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c".into(),
+        )],
+    ] {
+        let r = parse_dcgm(&text, &selectors).expect("parses");
+        assert_eq!(r.gpus, vec![expected.clone()], "{selectors:?}");
+        assert_eq!(r.server, None);
+    }
+    assert_eq!(expected.memory_fraction(), Some(0.0));
+    assert_eq!(
+        parse_dcgm(&text, &[GpuSelector::Index(1)]),
+        Err(TelemetryError::GpuNotFound("1".into()))
+    );
+}
+
+#[test]
+fn wrong_server_kind_is_an_error_not_zeros() {
+    let e = parse_server_load(ServerKind::Vllm, &fixture("sglang.prom"));
+    assert!(matches!(e, Err(TelemetryError::NoSeries { .. })), "{e:?}");
+    let e = parse_dcgm(&fixture("vllm.prom"), &[]);
+    assert!(matches!(e, Err(TelemetryError::NoSeries { .. })), "{e:?}");
+}
+
+#[test]
+fn merge_joins_same_gpu_and_keeps_server_figures() {
+    let mut a = parse_server_load(ServerKind::Triton, &fixture("triton.prom")).expect("triton");
+    let b = Reading {
+        gpus: vec![
+            GpuReading {
+                index: Some(3),
+                uuid: Some("gpu-951eeeeb-d284-d263-688e-d98a5306389b".into()),
+                utilization: Some(0.9),
+                temperature_celsius: Some(50.0),
+                ..GpuReading::default()
+            },
+            GpuReading {
+                index: Some(4),
+                ..GpuReading::default()
+            },
+        ],
+        server: load(Some(2.0), Some(7.0), Some(0.5)),
+    };
+    a.merge(&b);
+    assert_eq!(a.gpus.len(), 2);
+    assert_eq!(a.gpus[0].index, Some(3), "gap filled");
+    assert_eq!(a.gpus[0].utilization, Some(0.0), "earlier source wins");
+    assert_eq!(a.gpus[0].temperature_celsius, Some(50.0));
+    assert_eq!(a.server, load(Some(2.0), Some(0.0), Some(0.5)));
+    assert_eq!(a.max_memory_fraction(), a.gpus[0].memory_fraction());
+}
+
+#[test]
+fn freshness_is_judged_from_taken_at() {
+    let now = Instant::now();
+    let t = Telemetry {
+        reading: Reading::default(),
+        taken_at: now,
+    };
+    let max = Duration::from_secs(3);
+    assert!(is_fresh(&t, max, now));
+    assert!(is_fresh(&t, max, now + max));
+    assert!(!is_fresh(&t, max, now + max + Duration::from_millis(1)));
+    assert!(
+        is_fresh(&t, max, now - Duration::from_secs(1)),
+        "clock order"
+    );
+}
+
+#[test]
+fn source_config_yaml() {
+    let yaml = "- {kind: nvml, gpus: [0, \"GPU-abc\"]}\n\
+                - {kind: dcgm, url: \"http://h:9400/metrics\", gpus: [1], interval: 2s, timeout: 250ms}\n\
+                - {kind: model_server, server: sglang}\n";
+    let s: Vec<SourceConfig> = serde_yaml::from_str(yaml).expect("parses");
+    assert_eq!(
+        s[0].kind,
+        SourceKind::Nvml {
+            gpus: vec![GpuSelector::Index(0), GpuSelector::Uuid("GPU-abc".into())]
+        }
+    );
+    assert_eq!(s[0].interval, Duration::from_secs(1));
+    assert_eq!(s[0].timeout, Duration::from_millis(500));
+    assert_eq!(s[1].interval, Duration::from_secs(2));
+    assert_eq!(s[1].timeout, Duration::from_millis(250));
+    assert_eq!(s[1].url("http://b:1"), Some("http://h:9400/metrics".into()));
+    assert_eq!(s[2].url("http://b:1/"), Some("http://b:1/metrics".into()));
+    assert_eq!(s[0].url("http://b:1"), None);
+    assert!(s.iter().all(|c| c.validate().is_ok()));
+    assert_eq!(
+        (s[0].label(), s[2].label()),
+        ("nvml".into(), "sglang".into())
+    );
+}
+
+#[test]
+fn source_config_refuses_mistakes() {
+    for (yaml, needle) in [
+        ("{kind: nvml, gpu: [0]}", "unknown field `gpu`"),
+        ("{kind: dcgm}", "missing field `url`"),
+        (
+            "{kind: model_server, server: vllm2}",
+            "unknown variant `vllm2`",
+        ),
+        ("{kind: snmp}", "unknown variant `snmp`"),
+        ("{kind: nvml, gpus: [-1]}", "negative"),
+        ("{kind: nvml, gpus: [\"\"]}", "empty GPU selector"),
+        ("{kind: nvml, gpus: [\"-2\"]}", "negative"),
+        ("{kind: nvml, gpus: [4294967296]}", "out of range"),
+        ("{kind: nvml, interval: \"5\"}", "with a unit"),
+    ] {
+        let e = serde_yaml::from_str::<SourceConfig>(yaml).expect_err(yaml);
+        assert!(e.to_string().contains(needle), "{yaml}: {e}");
+    }
+    let zero: SourceConfig = serde_yaml::from_str("{kind: nvml, interval: 0s}").expect("parses");
+    assert_eq!(zero.validate(), Err("interval: must be > 0".into()));
+    let tls: SourceConfig =
+        serde_yaml::from_str("{kind: dcgm, url: \"https://h/metrics\"}").expect("parses");
+    assert!(tls.validate().unwrap_err().starts_with("url:"));
+}

@@ -1,0 +1,443 @@
+//! Telemetry over HTTP: the poller against simulated workers, failures, and `gpulb agent`.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use gpulb::agent::{self, GpuSource};
+use gpulb::sim::{SimWorker, WorkerProfile};
+use gpulb::telemetry::nvml::DeviceReading;
+use gpulb::telemetry::{
+    poll, scrape, GpuReading, GpuSelector, ServerKind, SourceConfig, SourceKind, Telemetry,
+    TelemetryError,
+};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn source(kind: SourceKind) -> SourceConfig {
+    SourceConfig {
+        kind,
+        interval: Duration::from_millis(20),
+        timeout: Duration::from_millis(500),
+    }
+}
+
+/// A running poller and what it writes to.
+struct Poller {
+    sink: Arc<ArcSwapOption<Telemetry>>,
+    errors: Arc<AtomicU64>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+fn start_poll(sources: Vec<SourceConfig>, backend_url: String) -> Poller {
+    let sink = Arc::new(ArcSwapOption::empty());
+    let errors = Arc::new(AtomicU64::new(0));
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(poll(
+        sources,
+        backend_url,
+        sink.clone(),
+        errors.clone(),
+        stopped,
+    ));
+    Poller {
+        sink,
+        errors,
+        stop,
+        task,
+    }
+}
+
+impl Poller {
+    /// Waits (bounded) until the published telemetry satisfies `check`.
+    async fn until(&self, what: &str, check: impl Fn(&Telemetry) -> bool) -> Arc<Telemetry> {
+        let start = Instant::now();
+        loop {
+            if let Some(t) = self.sink.load_full().filter(|t| check(t)) {
+                return t;
+            }
+            assert!(start.elapsed() < LIMIT, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the loop and checks it ends promptly.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(2), self.task)
+            .await
+            .expect("poll loop ends on shutdown")
+            .expect("poll loop did not panic");
+    }
+}
+
+fn gpu_memory(t: &Telemetry) -> Option<f64> {
+    t.reading.max_memory_fraction()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_server_and_dcgm_sources_merge_and_follow_the_worker() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w0"))
+        .await
+        .expect("worker");
+    let sources = vec![
+        source(SourceKind::ModelServer {
+            server: ServerKind::Vllm,
+            url: None,
+        }),
+        source(SourceKind::Dcgm {
+            url: format!("{}/dcgm/metrics", worker.url()),
+            gpus: vec![GpuSelector::Uuid(worker.gpu_uuid().to_string())],
+        }),
+    ];
+    let poller = start_poll(sources, format!("{}/", worker.url()));
+    let t = poller
+        .until("both sources", |t| {
+            t.reading.server.is_some() && !t.reading.gpus.is_empty()
+        })
+        .await;
+    let server = t.reading.server.clone().expect("server load");
+    assert_eq!(server.running, Some(0.0));
+    assert_eq!(server.waiting, Some(0.0));
+    assert_eq!(server.kv_cache_usage, Some(0.0));
+    assert_eq!(t.reading.gpus.len(), 1);
+    let gpu = &t.reading.gpus[0];
+    assert_eq!(gpu.index, Some(0));
+    assert_eq!(gpu.uuid.as_deref(), Some(worker.gpu_uuid()));
+    assert_eq!(gpu.utilization, Some(0.0));
+    assert_eq!(gpu.memory_total_bytes, Some(80 << 30));
+    let idle = gpu_memory(&t).expect("memory known");
+    assert!(
+        (idle - 0.45).abs() < 1e-3,
+        "idle GPU holds only the weights: {idle}"
+    );
+
+    worker.set_gpu_memory_override(Some(0.97));
+    poller
+        .until("memory override", |t| {
+            gpu_memory(t).is_some_and(|f| f > 0.96)
+        })
+        .await;
+    worker.set_gpu_memory_override(None);
+    poller
+        .until("override lifted", |t| {
+            gpu_memory(t).is_some_and(|f| f < 0.5)
+        })
+        .await;
+    assert_eq!(poller.errors.load(Ordering::Relaxed), 0);
+    assert_eq!(worker.stats().received_total, 0, "telemetry is not load");
+    assert!(worker.stats().control_total > 0);
+    poller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backend_keeps_the_last_reading_ageing_and_counts_errors() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w1"))
+        .await
+        .expect("worker");
+    let sources = vec![source(SourceKind::ModelServer {
+        server: ServerKind::Vllm,
+        url: None,
+    })];
+    let poller = start_poll(sources, worker.url());
+    let first = poller.until("a reading", |_| true).await;
+    worker.kill_and_wait().await;
+    let start = Instant::now();
+    while poller.errors.load(Ordering::Relaxed) < 3 {
+        assert!(start.elapsed() < LIMIT, "errors not counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kept = poller.sink.load_full().expect("last reading kept");
+    assert_eq!(kept.reading, first.reading);
+    let age = kept.taken_at.elapsed();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let later = poller.sink.load_full().expect("still kept");
+    assert_eq!(
+        later.taken_at, kept.taken_at,
+        "a failed read does not refresh the stamp"
+    );
+    assert!(later.taken_at.elapsed() > age);
+    assert!(!gpulb::telemetry::is_fresh(
+        &later,
+        Duration::from_millis(50),
+        Instant::now()
+    ));
+    poller.stop().await;
+}
+
+#[tokio::test]
+async fn poll_ends_when_its_shutdown_sender_is_dropped() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w3"))
+        .await
+        .expect("worker");
+    let sources = vec![source(SourceKind::ModelServer {
+        server: ServerKind::Vllm,
+        url: None,
+    })];
+    let poller = start_poll(sources, worker.url());
+    poller.until("a reading", |_| true).await;
+    drop(poller.stop);
+    tokio::time::timeout(Duration::from_secs(2), poller.task)
+        .await
+        .expect("poll loop ends")
+        .expect("no panic");
+}
+
+#[tokio::test]
+async fn scrape_errors_name_their_cause() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w2"))
+        .await
+        .expect("worker");
+    // Wrong path: HTTP status.
+    let s = source(SourceKind::Dcgm {
+        url: format!("{}/nope", worker.url()),
+        gpus: vec![],
+    });
+    assert_eq!(
+        scrape(&s, "").await,
+        Err(TelemetryError::Status {
+            url: format!("{}/nope", worker.url()),
+            status: 404
+        })
+    );
+    // A GPU that is not there.
+    let s = source(SourceKind::Dcgm {
+        url: format!("{}/dcgm/metrics", worker.url()),
+        gpus: vec![GpuSelector::Index(3)],
+    });
+    assert_eq!(
+        scrape(&s, "").await,
+        Err(TelemetryError::GpuNotFound("3".into()))
+    );
+    // The wrong server kind: no series, not zeros.
+    let s = source(SourceKind::ModelServer {
+        server: ServerKind::Tgi,
+        url: None,
+    });
+    let e = scrape(&s, &worker.url()).await;
+    assert!(matches!(e, Err(TelemetryError::NoSeries { .. })), "{e:?}");
+    // A peer that accepts and never answers: the timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/metrics", silent.local_addr().expect("addr"));
+    let s = SourceConfig {
+        timeout: Duration::from_millis(100),
+        ..source(SourceKind::Dcgm {
+            url: url.clone(),
+            gpus: vec![],
+        })
+    };
+    let started = Instant::now();
+    let e = scrape(&s, "").await;
+    assert!(matches!(e, Err(TelemetryError::Timeout { .. })), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Nothing listening: an HTTP error.
+    drop(silent);
+    let e = scrape(&s, "").await;
+    assert!(
+        matches!(
+            e,
+            Err(TelemetryError::Http { .. } | TelemetryError::Timeout { .. })
+        ),
+        "{e:?}"
+    );
+}
+
+fn fake_gpu(index: u32, util: f64, used_mib: u64) -> DeviceReading {
+    DeviceReading {
+        reading: GpuReading {
+            index: Some(index),
+            uuid: Some(format!("GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd")),
+            utilization: Some(util),
+            memory_used_bytes: Some(used_mib << 20),
+            memory_total_bytes: Some(81_559 << 20),
+            temperature_celsius: Some(40.0 + f64::from(index)),
+            power_watts: Some(123.456),
+        },
+        model_name: Some("NVIDIA H100 80GB HBM3".into()),
+        pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index)),
+    }
+}
+
+async fn start_agent(
+    source: Arc<dyn GpuSource>,
+) -> (SocketAddr, watch::Sender<bool>, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(agent::serve(listener, source, stopped));
+    (addr, stop, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_page_reads_back_through_the_dcgm_source() {
+    let gpus = vec![fake_gpu(0, 0.42, 1000), fake_gpu(1, 0.9, 70_000)];
+    let served = gpus.clone();
+    let (addr, stop, task) = start_agent(Arc::new(move || Ok(served.clone()))).await;
+    let s = source(SourceKind::Dcgm {
+        url: format!("http://{addr}/metrics"),
+        gpus: vec![
+            GpuSelector::Uuid("GPU-00000001-aaaa-bbbb-cccc-dddddddddddd".into()),
+            GpuSelector::Index(0),
+        ],
+    });
+    let reading = scrape(&s, "").await.expect("agent page parses as dcgm");
+    let expected: Vec<GpuReading> = [&gpus[1], &gpus[0]]
+        .iter()
+        .map(|d| d.reading.clone())
+        .collect();
+    assert_eq!(reading.gpus, expected);
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("agent stops")
+        .expect("no panic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_without_gpus_answers_503_with_the_reason_and_no_values() {
+    let source = || -> Result<Vec<DeviceReading>, TelemetryError> {
+        Err(TelemetryError::NvmlUnavailable(
+            "libnvidia-ml.so.1: cannot open".into(),
+        ))
+    };
+    let (addr, stop, _task) = start_agent(Arc::new(source)).await;
+    let resp = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("answers");
+    assert_eq!(resp.status(), 503);
+    let body = resp.text().await.expect("body");
+    assert_eq!(
+        body,
+        "# gpulb agent: NVML unavailable: libnvidia-ml.so.1: cannot open\n"
+    );
+    let s = source_dcgm(addr);
+    assert_eq!(
+        scrape(&s, "").await,
+        Err(TelemetryError::Status {
+            url: format!("http://{addr}/metrics"),
+            status: 503
+        })
+    );
+    let health = reqwest::get(format!("http://{addr}/health"))
+        .await
+        .expect("answers");
+    assert_eq!(health.status(), 200);
+    let _ = stop.send(true);
+}
+
+fn source_dcgm(addr: SocketAddr) -> SourceConfig {
+    source(SourceKind::Dcgm {
+        url: format!("http://{addr}/metrics"),
+        gpus: vec![],
+    })
+}
+
+#[test]
+fn agent_refuses_a_taken_port_clearly() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let e = agent::run(agent::AgentOptions {
+        listen: addr,
+        gpus: vec![],
+    })
+    .expect_err("port is taken");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("cannot listen on {addr}:")),
+        "{e}"
+    );
+}
+
+/// The real binary on a host without a GPU driver: 503 with the reason, logged once.
+#[test]
+fn agent_binary_reports_missing_nvml_once() {
+    if gpulb::telemetry::nvml::handle().is_ok() {
+        return; // a GPU host: the fake-source tests above cover the format
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
+        .args([
+            "agent",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--gpus",
+            "0,GPU-x",
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpulb agent");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let bodies: Vec<(u16, String)> = rt.block_on(async {
+        let mut out = Vec::new();
+        let start = Instant::now();
+        while out.len() < 2 {
+            assert!(start.elapsed() < LIMIT, "agent did not answer");
+            if let Ok(resp) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+                out.push((
+                    resp.status().as_u16(),
+                    resp.text().await.unwrap_or_default(),
+                ));
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        out
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut log);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut log);
+    }
+    for (status, body) in bodies {
+        assert_eq!(status, 503);
+        assert!(
+            body.starts_with("# gpulb agent: NVML unavailable: "),
+            "{body}"
+        );
+        assert_eq!(body.lines().count(), 1, "no values: {body}");
+    }
+    assert_eq!(
+        log.matches("NVML unavailable").count(),
+        1,
+        "one log line:\n{log}"
+    );
+}
+
+#[test]
+fn agent_command_line() {
+    use clap::Parser;
+    use gpulb::cli::{Cli, Command as Cmd};
+    let cli = Cli::try_parse_from(["gpulb", "agent", "--gpus", "0,GPU-x"]).expect("parses");
+    match cli.command {
+        Cmd::Agent { listen, gpus } => {
+            assert_eq!(
+                listen,
+                "127.0.0.1:9400".parse::<SocketAddr>().expect("addr")
+            );
+            assert_eq!(
+                gpus,
+                [GpuSelector::Index(0), GpuSelector::Uuid("GPU-x".into())]
+            );
+        }
+        other => panic!("parsed as {other:?}"),
+    }
+    let e = Cli::try_parse_from(["gpulb", "agent", "--gpus=1,-1"]).expect_err("negative index");
+    assert!(e.to_string().contains("negative"), "{e}");
+}
