@@ -131,7 +131,8 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
         println!("  gpu{i}: {url}{note}");
     }
     println!("  proxy:  http://{}", options.listen);
-    println!("  status: http://{}/status", options.admin);
+    println!("  dashboard: http://{}/dashboard", options.admin);
+    println!("  status: http://{}/status   metrics: http://{}/metrics", options.admin, options.admin);
     println!("try:");
     println!(
         "  curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \\\n    \
