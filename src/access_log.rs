@@ -98,18 +98,13 @@ pub fn log(r: &AccessRecord) {
     );
 }
 
-/// Whether an event or span belongs to the access log.
-fn is_access(meta: &tracing::Metadata<'_>) -> bool {
-    meta.target() == TARGET
-}
-
 /// A layer writing only access-log events to `writer` in `format`.
 pub fn layer<S, W>(format: AccessLogFormat, writer: W) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let only_access = filter::filter_fn(is_access);
+    let only_access = filter::Targets::new().with_target(TARGET, tracing::Level::INFO);
     match format {
         AccessLogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
@@ -132,12 +127,18 @@ where
 /// Installs the process's logging: diagnostics to stderr filtered by `RUST_LOG` (default
 /// `info`), and, when `access` is set, the access log to stdout in that format, whatever
 /// `RUST_LOG` says. Call once; later calls do nothing.
+///
+/// Both filters state their most verbose level, so `tracing` (and pingora's `log` records,
+/// bridged into it) skip disabled events at the call site instead of evaluating each one.
 pub fn init(access: Option<AccessLogFormat>) {
     let env = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let env = match format!("{TARGET}=off").parse() {
+        Ok(directive) => env.add_directive(directive),
+        Err(_) => env,
+    };
     let diagnostics = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(filter::filter_fn(|m| !is_access(m)))
         .with_filter(env);
     let access = access.map(|format| layer(format, std::io::stdout));
     let _ = tracing_subscriber::registry()

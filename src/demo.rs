@@ -132,7 +132,10 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
     }
     println!("  proxy:  http://{}", options.listen);
     println!("  dashboard: http://{}/dashboard", options.admin);
-    println!("  status: http://{}/status   metrics: http://{}/metrics", options.admin, options.admin);
+    println!(
+        "  status: http://{}/status   metrics: http://{}/metrics",
+        options.admin, options.admin
+    );
     println!("try:");
     println!(
         "  curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \\\n    \
