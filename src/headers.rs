@@ -14,6 +14,14 @@ const ALWAYS_HOP_BY_HOP: [&str; 3] = ["keep-alive", "proxy-connection", "proxy-a
 /// `TE`, `Trailer` and `Upgrade` — except that a protocol upgrade (`Connection: upgrade` with
 /// an `Upgrade` header) keeps both so pingora can switch protocols.
 pub fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
+    // The common case, no hop-by-hop header at all, costs a few lookups and no allocation.
+    let any = [CONNECTION, TE, TRAILER, UPGRADE]
+        .iter()
+        .any(|n| headers.contains_key(n))
+        || ALWAYS_HOP_BY_HOP.iter().any(|n| headers.contains_key(*n));
+    if !any {
+        return Vec::new();
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()

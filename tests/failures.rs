@@ -19,12 +19,7 @@ async fn upstream_errors_pass_through_and_release_slots() {
     workers[0].set_fault(Fault::ServerError);
     let client = reqwest::Client::new();
     for _ in 0..5 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(2, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 2, false).await;
         assert_eq!(
             resp.status(),
             500,
@@ -43,12 +38,7 @@ async fn client_leaving_mid_stream_releases_the_slot_and_cancels_upstream() {
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(20)).await;
     let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
     let client = reqwest::Client::new();
-    let mut resp = client
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(5000, true))
-        .send()
-        .await
-        .unwrap();
+    let mut resp = proxy.complete(&client, 5000, true).await;
     assert_eq!(resp.status(), 200);
     let first = tokio::time::timeout(WAIT, resp.chunk())
         .await
@@ -75,12 +65,7 @@ async fn backend_dying_mid_stream_releases_the_slot() {
     workers[0].set_fault(Fault::DieMidStream { after_tokens: 3 });
     let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
     let client = reqwest::Client::new();
-    let resp = client
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(50, true))
-        .send()
-        .await
-        .unwrap();
+    let resp = proxy.complete(&client, 50, true).await;
     assert_eq!(resp.status(), 200);
     let body = tokio::time::timeout(WAIT, resp.bytes()).await.unwrap();
     assert!(
@@ -104,12 +89,7 @@ async fn connect_failure_retries_on_a_live_backend() {
     let proxy = Proxy::start(&config).await;
     let client = reqwest::Client::new();
     for _ in 0..10 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(worker_of(&resp), "w0");
     }
@@ -127,12 +107,7 @@ async fn all_backends_dead_gives_503_after_bounded_retries() {
         free_port()
     );
     let proxy = Proxy::start(&config).await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(1, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(
         resp.headers()["connection"],
@@ -157,21 +132,11 @@ async fn killed_backend_is_retried_around() {
     let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
     let client = reqwest::Client::new();
     for _ in 0..4 {
-        client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        proxy.complete(&client, 1, false).await;
     }
     workers[0].kill_and_wait().await;
     for _ in 0..10 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(worker_of(&resp), "w1");
     }

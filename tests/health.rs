@@ -8,15 +8,6 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-async fn post(client: &reqwest::Client, proxy: &Proxy) -> reqwest::Response {
-    client
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(1, false))
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_backend_leaves_within_fall_and_returns_after_rise() {
     let mut workers = start_workers(2, |_| {}).await;
@@ -40,7 +31,7 @@ async fn killed_backend_leaves_within_fall_and_returns_after_rise() {
     );
     let client = reqwest::Client::new();
     for _ in 0..10 {
-        assert_eq!(worker_of(&post(&client, &proxy).await), "w1");
+        assert_eq!(worker_of(&proxy.complete(&client, 1, false).await), "w1");
     }
     // The same backend comes back on the same address.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
@@ -51,7 +42,7 @@ async fn killed_backend_leaves_within_fall_and_returns_after_rise() {
     .await;
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..20 {
-        seen.insert(worker_of(&post(&client, &proxy).await));
+        seen.insert(worker_of(&proxy.complete(&client, 1, false).await));
     }
     assert!(
         seen.contains("w0"),
@@ -76,7 +67,7 @@ async fn backend_failing_its_first_check_gets_no_traffic() {
     .await;
     let client = reqwest::Client::new();
     for _ in 0..10 {
-        let resp = post(&client, &proxy).await;
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(worker_of(&resp), "w0");
     }
@@ -101,7 +92,7 @@ async fn hanging_backend_is_ejected_and_the_rest_is_unaffected() {
     let client = reqwest::Client::new();
     let mut timeouts = 0;
     for _ in 0..30 {
-        let resp = post(&client, &proxy).await;
+        let resp = proxy.complete(&client, 1, false).await;
         match resp.status().as_u16() {
             200 => assert_ne!(worker_of(&resp), "w0"),
             504 => {
@@ -135,7 +126,7 @@ async fn ejection_never_takes_more_than_the_allowed_share() {
     }
     let client = reqwest::Client::new();
     for _ in 0..10 {
-        assert_eq!(post(&client, &proxy).await.status(), 500);
+        assert_eq!(proxy.complete(&client, 1, false).await.status(), 500);
     }
     let status = proxy.status().await;
     let ejected: Vec<_> = status["backends"]

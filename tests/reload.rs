@@ -115,12 +115,7 @@ async fn a_bad_file_is_refused_and_traffic_keeps_the_old_config() {
         "{error}"
     );
     assert_eq!(proxy.generation().await, 1);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(1, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(worker_of(&resp), "w0");
 }
@@ -145,12 +140,7 @@ async fn sighup_reloads_when_watching_is_off() {
         .unwrap();
     assert!(killed.success());
     wait_generation(&proxy, 2).await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(1, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
     assert_eq!(worker_of(&resp), "w1");
 }
 

@@ -33,12 +33,7 @@ async fn busy_backend_gets_no_new_requests() {
     })
     .await;
     for _ in 0..10 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 200);
         assert_ne!(worker_of(&resp), "w0", "a request went to the busy backend");
     }
@@ -161,12 +156,7 @@ async fn full_pool_answers_no_backend_available() {
             .then_some(())
     })
     .await;
-    let resp = client
-        .post(format!("{}/v1/completions", proxy.url))
-        .body(completion(1, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = proxy.complete(&client, 1, false).await;
     assert_eq!(resp.status(), 503);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "no_backend_available");

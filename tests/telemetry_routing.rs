@@ -15,12 +15,7 @@ async fn route(proxy: &Proxy, n: usize) -> Vec<String> {
     let client = reqwest::Client::new();
     let mut seen = Vec::new();
     for _ in 0..n {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 200);
         seen.push(worker_of(&resp));
     }
@@ -92,12 +87,7 @@ async fn every_backend_over_its_guard_means_waiting_then_shedding_not_blind_send
     assert_eq!(body["error"]["code"], "wait_timeout");
     let seen_by_w0 = workers[0].stats().received_total;
     for _ in 0..3 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
-            .send()
-            .await
-            .unwrap();
+        let resp = proxy.complete(&client, 1, false).await;
         assert_eq!(resp.status(), 503);
         assert!(resp.headers().contains_key("retry-after"));
     }

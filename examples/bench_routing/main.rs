@@ -70,9 +70,15 @@ struct Args {
     /// Base arrival rate of bulk requests, per second.
     #[arg(long, default_value_t = 0.9)]
     bulk_rps: f64,
-    /// Both rates are multiplied by this inside a burst window.
+    /// Both rates are multiplied by this inside a burst window (unless set per class below).
     #[arg(long, default_value_t = 3.0)]
     burst_factor: f64,
+    /// Interactive rate multiplier inside a burst window (default: --burst-factor).
+    #[arg(long)]
+    interactive_burst: Option<f64>,
+    /// Bulk rate multiplier inside a burst window (default: --burst-factor).
+    #[arg(long)]
+    bulk_burst: Option<f64>,
     /// Start of the first burst window, seconds.
     #[arg(long, default_value_t = 5.0)]
     burst_start: f64,
@@ -555,7 +561,8 @@ fn run(a: Args) -> Result<(), String> {
         duration: a.duration,
         interactive_rps: a.interactive_rps,
         bulk_rps: a.bulk_rps,
-        burst_factor: a.burst_factor,
+        interactive_burst: a.interactive_burst.unwrap_or(a.burst_factor),
+        bulk_burst: a.bulk_burst.unwrap_or(a.burst_factor),
         burst_start: a.burst_start,
         burst_every: a.burst_every,
         burst_len: a.burst_len,
@@ -616,11 +623,13 @@ fn run(a: Args) -> Result<(), String> {
             .sum::<u64>()
     };
     let avg = |lo: u32, hi: u32| f64::from(lo + hi) / 2.0;
-    let base_load = a.interactive_rps * avg(a.interactive_tokens.0, a.interactive_tokens.1)
-        + a.bulk_rps * avg(a.bulk_tokens.0, a.bulk_tokens.1);
+    let interactive_load = a.interactive_rps * avg(a.interactive_tokens.0, a.interactive_tokens.1);
+    let bulk_load = a.bulk_rps * avg(a.bulk_tokens.0, a.bulk_tokens.1);
+    let base_load = interactive_load + bulk_load;
+    let burst_load = interactive_load * spec.interactive_burst + bulk_load * spec.bulk_burst;
     let _ = writeln!(
         head,
-        "- trace: seed {}, {} s of arrivals; interactive {} requests (Poisson {}/s; streaming chat, max_tokens {}-{}, prompt {}-{} chars, tenants a:b:c = 6:3:1), bulk {} requests (Poisson {}/s; non-streaming, max_tokens {}-{}, prompt {}-{} chars, tenants x:y = 3:1); bursts x{} at {} s",
+        "- trace: seed {}, {} s of arrivals; interactive {} requests (Poisson {}/s; streaming chat, max_tokens {}-{}, prompt {}-{} chars, tenants a:b:c = 6:3:1), bulk {} requests (Poisson {}/s; non-streaming, max_tokens {}-{}, prompt {}-{} chars, tenants x:y = 3:1); bursts (interactive x{}, bulk x{}) at {} s",
         a.seed,
         a.duration,
         count(Class::Interactive),
@@ -635,7 +644,8 @@ fn run(a: Args) -> Result<(), String> {
         a.bulk_tokens.1,
         a.bulk_prompt.0,
         a.bulk_prompt.1,
-        a.burst_factor,
+        spec.interactive_burst,
+        spec.bulk_burst,
         spec.burst_windows()
             .iter()
             .map(|(s, e)| format!("{s:.0}-{e:.0}"))
@@ -646,7 +656,7 @@ fn run(a: Args) -> Result<(), String> {
         head,
         "- offered decode load: {:.0} tokens/s at base rates, {:.0} tokens/s in bursts, {} tokens in all; fleet decode capacity with full batches about {:.0} tokens/s (ignores prefill and KV limits)",
         base_load,
-        base_load * a.burst_factor,
+        burst_load,
         tokens(Class::Interactive) + tokens(Class::Bulk),
         capacity
     );

@@ -50,8 +50,9 @@ pub struct TraceSpec {
     pub duration: f64,
     pub interactive_rps: f64,
     pub bulk_rps: f64,
-    /// Inside a burst window both rates are multiplied by this.
-    pub burst_factor: f64,
+    /// Inside a burst window each class's rate is multiplied by its factor.
+    pub interactive_burst: f64,
+    pub bulk_burst: f64,
     /// First burst starts here (s); one every `burst_every` s, each `burst_len` s long.
     pub burst_start: f64,
     pub burst_every: f64,
@@ -74,7 +75,10 @@ impl TraceSpec {
     /// The burst windows inside the trace, for the report.
     pub fn burst_windows(&self) -> Vec<(f64, f64)> {
         let mut out = Vec::new();
-        if self.burst_len <= 0.0 || self.burst_every <= 0.0 || self.burst_factor == 1.0 {
+        if self.burst_len <= 0.0
+            || self.burst_every <= 0.0
+            || (self.interactive_burst == 1.0 && self.bulk_burst == 1.0)
+        {
             return out;
         }
         let mut s = self.burst_start;
@@ -100,12 +104,13 @@ fn pick_tenant(rng: &mut StdRng, tenants: &[(&'static str, u32)]) -> &'static st
 
 /// Non-homogeneous Poisson arrivals by thinning: candidates at the peak rate, each kept with
 /// probability rate(t) / peak.
-fn arrivals(spec: &TraceSpec, base: f64, rng: &mut StdRng) -> Vec<f64> {
+fn arrivals(spec: &TraceSpec, base: f64, factor: f64, rng: &mut StdRng) -> Vec<f64> {
     let mut out = Vec::new();
     if base <= 0.0 {
         return out;
     }
-    let peak = base * spec.burst_factor.max(1.0);
+    let factor = factor.max(0.0);
+    let peak = base * factor.max(1.0);
     let mut t = 0.0;
     loop {
         // Exponential gap; 1 - u is in (0, 1], so ln is finite.
@@ -135,21 +140,23 @@ pub fn generate(spec: &TraceSpec) -> Vec<Req> {
             Class::Bulk => 0x2_0000_0002,
         };
         let mut rng = StdRng::seed_from_u64(spec.seed ^ salt);
-        let (rate, tenants, tokens, chars) = match class {
+        let (rate, factor, tenants, tokens, chars) = match class {
             Class::Interactive => (
                 spec.interactive_rps,
+                spec.interactive_burst,
                 &INTERACTIVE_TENANTS[..],
                 spec.interactive_max_tokens,
                 spec.interactive_prompt_chars,
             ),
             Class::Bulk => (
                 spec.bulk_rps,
+                spec.bulk_burst,
                 &BULK_TENANTS[..],
                 spec.bulk_max_tokens,
                 spec.bulk_prompt_chars,
             ),
         };
-        for at in arrivals(spec, rate, &mut rng) {
+        for at in arrivals(spec, rate, factor, &mut rng) {
             reqs.push(Req {
                 at,
                 class,

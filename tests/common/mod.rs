@@ -141,6 +141,21 @@ impl Proxy {
         std::fs::rename(&tmp, &self.config_path).expect("rename config");
     }
 
+    /// POSTs a completion request (see [`completion`]) through the proxy.
+    pub async fn complete(
+        &self,
+        client: &reqwest::Client,
+        max_tokens: u32,
+        stream: bool,
+    ) -> reqwest::Response {
+        client
+            .post(format!("{}/v1/completions", self.url))
+            .body(completion(max_tokens, stream))
+            .send()
+            .await
+            .expect("completion request")
+    }
+
     /// The proxy's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
