@@ -154,6 +154,9 @@ struct Args {
     /// gpulb pool guard max_server_queue (negative: no guard).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     max_server_queue: f64,
+    /// Turn gpulb's access log on (written to DIR/seed-N/gpulb.log; off by default for parity).
+    #[arg(long)]
+    gpulb_access_log: bool,
     /// Use this gpulb config instead of the generated one; {LISTEN} {ADMIN} {THREADS} {URL0}..
     /// are replaced.
     #[arg(long)]
@@ -707,6 +710,7 @@ fn run(a: Args) -> Result<(), String> {
         bulk_max_wait: a.bulk_max_wait.clone(),
         telemetry_interval: a.telemetry_interval.clone(),
         max_server_queue: a.max_server_queue,
+        access_log: a.gpulb_access_log,
         template: a.gpulb_config.clone(),
     };
     let mut runs: Vec<TargetRun> = Vec::new();

@@ -73,6 +73,8 @@ pub struct GpulbKnobs {
     pub telemetry_interval: String,
     /// `guards.max_server_queue` on the pool; negative = no guard.
     pub max_server_queue: f64,
+    /// Access log on (it records each request's queue wait; off for parity by default).
+    pub access_log: bool,
     /// A user-supplied template instead of the generated config.
     pub template: Option<PathBuf>,
 }
@@ -102,6 +104,8 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     let _ = writeln!(y, "admin: {{listen: 127.0.0.1:{}}}", s.admin_port);
     let _ = writeln!(y, "reload: {{watch: false}}");
     let _ = writeln!(y, "shutdown_timeout: 1s");
+    let _ = writeln!(y, "# Off, as nginx and HAProxy run with logging off (--gpulb-access-log: on).");
+    let _ = writeln!(y, "access_log: {{enabled: {}}}", k.access_log);
     let _ = writeln!(y, "timeouts: {{read: 300s}}");
     let _ = writeln!(y, "health_check: {{interval: 1s, rise: 1}}");
     let _ = writeln!(y, "telemetry: {{stale_after: 2s}}");

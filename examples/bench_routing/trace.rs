@@ -120,7 +120,7 @@ fn arrivals(spec: &TraceSpec, base: f64, factor: f64, rng: &mut StdRng) -> Vec<f
             return out;
         }
         let rate = if spec.in_burst(t) {
-            base * spec.burst_factor
+            base * factor
         } else {
             base
         };

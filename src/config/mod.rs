@@ -3,16 +3,19 @@
 //! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
 
 mod admission;
+pub mod defaults;
 mod diff;
 pub mod duration;
 mod guards;
 mod health;
+mod process;
 mod validate;
 
 pub use admission::{queue_policy, FairnessConfig, FairnessPolicy, QueueConfig};
 pub use diff::describe_changes;
 pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
+pub use process::{AccessLogConfig, AdminConfig, MetricsConfig, ReloadConfig, Timeouts};
 pub use validate::{backend_addr, ConfigError, ConfigErrors};
 
 use serde::Deserialize;
@@ -78,116 +81,6 @@ pub struct Config {
     /// Prometheus metrics settings.
     #[serde(default)]
     pub metrics: MetricsConfig,
-}
-
-/// The access log.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AccessLogConfig {
-    /// Write it at all.
-    #[serde(default = "defaults::access_log_enabled")]
-    pub enabled: bool,
-    /// `json` (one object per line) or `text`.
-    #[serde(default)]
-    pub format: crate::access_log::AccessLogFormat,
-}
-
-impl Default for AccessLogConfig {
-    fn default() -> Self {
-        AccessLogConfig {
-            enabled: defaults::access_log_enabled(),
-            format: Default::default(),
-        }
-    }
-}
-
-impl AccessLogConfig {
-    /// The format to write in, or `None` when the access log is off.
-    pub fn format(&self) -> Option<crate::access_log::AccessLogFormat> {
-        self.enabled.then_some(self.format)
-    }
-}
-
-/// Prometheus metrics settings.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsConfig {
-    /// Tenants given their own label value; the rest fold into `other`.
-    #[serde(default = "defaults::max_tenants")]
-    pub max_tenants: usize,
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        MetricsConfig {
-            max_tenants: defaults::max_tenants(),
-        }
-    }
-}
-
-/// Live reload of the config file.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ReloadConfig {
-    /// Reload when the file changes on disk (SIGHUP and `POST /reload` always work).
-    #[serde(default = "defaults::reload_watch")]
-    pub watch: bool,
-    /// Quiet time after the last file event before reloading, so one save is one reload.
-    #[serde(default = "defaults::reload_debounce", with = "duration")]
-    pub debounce: Duration,
-}
-
-impl Default for ReloadConfig {
-    fn default() -> Self {
-        ReloadConfig {
-            watch: defaults::reload_watch(),
-            debounce: defaults::reload_debounce(),
-        }
-    }
-}
-
-/// The admin listener.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Address of the admin listener (keep it on loopback).
-    pub listen: SocketAddr,
-    /// Environment variable holding the bearer token that mutating endpoints require.
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// File holding that token (first line), as an alternative to `token_env`.
-    #[serde(default)]
-    pub token_file: Option<std::path::PathBuf>,
-}
-
-/// Upstream timeouts.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Timeouts {
-    /// Longest wait for a TCP connection to a backend.
-    #[serde(default = "defaults::connect_timeout", with = "duration")]
-    pub connect: Duration,
-    /// Longest silence while reading from a backend: bounds the time to the response's first
-    /// byte and every gap between streamed chunks (pingora applies one per-read timeout).
-    #[serde(default = "defaults::read_timeout", with = "duration")]
-    pub read: Duration,
-    /// Longest wait for one write of the request to a backend.
-    #[serde(default = "defaults::write_timeout", with = "duration")]
-    pub write: Duration,
-    /// How long an idle upstream keep-alive connection is kept for reuse.
-    #[serde(default = "defaults::upstream_idle_timeout", with = "duration")]
-    pub upstream_keepalive: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            connect: defaults::connect_timeout(),
-            read: defaults::read_timeout(),
-            write: defaults::write_timeout(),
-            upstream_keepalive: defaults::upstream_idle_timeout(),
-        }
-    }
 }
 
 /// One inference worker.
@@ -279,108 +172,6 @@ pub struct MatchConfig {
     /// `Content-Length` is below this many bytes (a body without one counts as 0).
     #[serde(default)]
     pub max_content_length: Option<u64>,
-}
-
-/// The one place defaults are defined.
-pub mod defaults {
-    use std::net::SocketAddr;
-    use std::time::Duration;
-
-    /// Name of the pool created when the file defines none.
-    pub const POOL: &str = "default";
-    /// Name of the class created when the file defines none.
-    pub const CLASS: &str = "default";
-
-    pub(super) fn listen() -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], 8080))
-    }
-    pub(super) fn threads() -> usize {
-        2
-    }
-    pub(super) fn connect_retries() -> usize {
-        2
-    }
-    pub(super) fn shutdown_timeout() -> Duration {
-        Duration::from_secs(30)
-    }
-    pub(super) fn request_id_header() -> String {
-        "x-request-id".to_string()
-    }
-    pub(super) fn connect_timeout() -> Duration {
-        Duration::from_secs(2)
-    }
-    pub(super) fn read_timeout() -> Duration {
-        Duration::from_secs(300)
-    }
-    pub(super) fn write_timeout() -> Duration {
-        Duration::from_secs(30)
-    }
-    pub(super) fn upstream_idle_timeout() -> Duration {
-        Duration::from_secs(60)
-    }
-    pub(super) fn reload_watch() -> bool {
-        true
-    }
-    pub(super) fn reload_debounce() -> Duration {
-        Duration::from_millis(200)
-    }
-    pub(super) fn health_enabled() -> bool {
-        true
-    }
-    pub(super) fn health_path() -> String {
-        "/health".to_string()
-    }
-    pub(super) fn health_interval() -> Duration {
-        Duration::from_secs(2)
-    }
-    pub(super) fn health_timeout() -> Duration {
-        Duration::from_secs(1)
-    }
-    pub(super) fn health_rise() -> u32 {
-        2
-    }
-    pub(super) fn health_fall() -> u32 {
-        3
-    }
-    pub(super) fn outlier_failures() -> u32 {
-        5
-    }
-    pub(super) fn outlier_base() -> Duration {
-        Duration::from_secs(10)
-    }
-    pub(super) fn outlier_max() -> Duration {
-        Duration::from_secs(300)
-    }
-    pub(super) fn outlier_max_percent() -> u32 {
-        50
-    }
-    pub(super) fn stale_after() -> Duration {
-        Duration::from_secs(5)
-    }
-    pub(super) fn queue_depth() -> usize {
-        128
-    }
-    pub(super) fn queue_wait() -> Duration {
-        Duration::from_secs(10)
-    }
-    pub(super) fn tenant_weight() -> u32 {
-        1
-    }
-    pub(super) fn tenant_header() -> String {
-        "x-tenant".to_string()
-    }
-    pub(super) fn access_log_enabled() -> bool {
-        true
-    }
-    pub(super) fn max_tenants() -> usize {
-        crate::metrics::DEFAULT_MAX_TENANTS
-    }
-    pub(super) fn weight() -> u32 {
-        1
-    }
-    pub(super) fn max_outstanding() -> u32 {
-        256
-    }
 }
 
 /// Why a configuration could not be loaded.

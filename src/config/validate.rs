@@ -1,5 +1,9 @@
 //! Semantic checks of a parsed config; every problem found is reported with its field path.
 
+mod rules;
+
+use rules::validate_admission;
+
 use super::{BackendConfig, ClassConfig, Config, PoolConfig};
 use std::collections::HashSet;
 use std::fmt;
@@ -33,7 +37,7 @@ impl fmt::Display for ConfigErrors {
 
 /// Collects errors while walking the config.
 #[derive(Default)]
-struct Report(Vec<ConfigError>);
+pub(super) struct Report(Vec<ConfigError>);
 
 impl Report {
     fn error(&mut self, path: impl Into<String>, message: impl Into<String>) {
@@ -123,192 +127,6 @@ impl Config {
                 ),
                 Ok(_) => {}
             }
-        }
-    }
-}
-
-impl Config {
-    fn validate_health(&self, report: &mut Report) {
-        check_health(&self.health_check, "health_check", report);
-        for (i, backend) in self.backends.iter().enumerate() {
-            if backend.health_check != Default::default() {
-                let resolved = self.health_check.with(&backend.health_check);
-                check_health(&resolved, &format!("backends[{i}].health_check"), report);
-            }
-        }
-        for (i, backend) in self.backends.iter().enumerate() {
-            for (j, source) in backend.telemetry.iter().enumerate() {
-                if let Err(problem) = source.validate() {
-                    let (field, message) = problem.split_once(": ").unwrap_or(("", &problem));
-                    report.error(format!("backends[{i}].telemetry[{j}].{field}"), message);
-                }
-            }
-        }
-        report.check(
-            !self.telemetry.stale_after.is_zero(),
-            "telemetry.stale_after",
-            "must be > 0",
-        );
-        for (i, pool) in self.pools.iter().enumerate() {
-            check_guards(&pool.guards, &format!("pools[{i}].guards"), report);
-        }
-        for (i, class) in self.classes.iter().enumerate() {
-            if let Some(guards) = &class.guards {
-                check_guards(guards, &format!("classes[{i}].guards"), report);
-            }
-        }
-        let o = &self.outlier_detection;
-        if o.consecutive_failures > 0 {
-            report.check(
-                !o.base_ejection.is_zero(),
-                "outlier_detection.base_ejection",
-                "must be > 0",
-            );
-            report.check(
-                o.max_ejection >= o.base_ejection,
-                "outlier_detection.max_ejection",
-                "must be >= base_ejection",
-            );
-        }
-        report.check(
-            o.max_ejected_percent <= 100,
-            "outlier_detection.max_ejected_percent",
-            "must be between 0 and 100",
-        );
-    }
-}
-
-fn validate_admission(class: &ClassConfig, at: &str, pools: &HashSet<&str>, report: &mut Report) {
-    let queue = &class.queue;
-    report.check(
-        queue.max_depth <= 1_000_000,
-        format!("{at}.queue.max_depth"),
-        "must be at most 1000000",
-    );
-    if queue.max_depth > 0 {
-        report.check(
-            !queue.max_wait.is_zero(),
-            format!("{at}.queue.max_wait"),
-            "must be > 0",
-        );
-    }
-    let fairness = &class.fairness;
-    let fixed = fairness.policy == super::FairnessPolicy::FixedShare;
-    if !fixed && (!fairness.weights.is_empty() || !fairness.min_share.is_empty()) {
-        report.error(
-            format!("{at}.fairness"),
-            "weights and min_share need policy: fixed_share",
-        );
-    }
-    for (tenant, weight) in &fairness.weights {
-        report.check(
-            *weight >= 1,
-            format!("{at}.fairness.weights.{tenant}"),
-            "must be >= 1",
-        );
-    }
-    report.check(
-        fairness.default_weight >= 1,
-        format!("{at}.fairness.default_weight"),
-        "must be >= 1",
-    );
-    for (tenant, share) in &fairness.min_share {
-        report.check(
-            (0.0..=1.0).contains(share),
-            format!("{at}.fairness.min_share.{tenant}"),
-            "must be between 0 and 1",
-        );
-    }
-    let total: f64 = fairness.min_share.values().sum();
-    report.check(
-        total <= 1.0 + 1e-9,
-        format!("{at}.fairness.min_share"),
-        format!("shares add up to {total}, more than 1"),
-    );
-    if class.tenant_max_outstanding == Some(0) {
-        report.error(format!("{at}.tenant_max_outstanding"), "must be >= 1");
-    }
-    if let Some(fallback) = &class.fallback_pool {
-        if !pools.contains(fallback.as_str()) {
-            report.error(
-                format!("{at}.fallback_pool"),
-                format!("unknown pool {fallback:?}"),
-            );
-        } else if *fallback == class.pool {
-            report.error(format!("{at}.fallback_pool"), "must differ from pool");
-        }
-    }
-    if let Some(share) = class.backend_share {
-        report.check(
-            share > 0.0 && share <= 1.0,
-            format!("{at}.backend_share"),
-            "must be in (0, 1]",
-        );
-    }
-    if let (Some(min), Some(max)) = (
-        class.matcher.min_content_length,
-        class.matcher.max_content_length,
-    ) {
-        report.check(
-            min < max,
-            format!("{at}.match.max_content_length"),
-            "must be greater than min_content_length",
-        );
-    }
-}
-
-fn check_guards(guards: &super::Guards, at: &str, report: &mut Report) {
-    for (name, value, max) in guards.limits() {
-        if let Some(v) = value {
-            report.check(
-                (0.0..=max).contains(&v),
-                format!("{at}.{name}"),
-                if max.is_finite() {
-                    format!("must be between 0 and {max}")
-                } else {
-                    "must be >= 0".into()
-                },
-            );
-        }
-    }
-}
-
-fn check_health(h: &super::HealthCheck, at: &str, report: &mut Report) {
-    report.check(
-        h.path.starts_with('/'),
-        format!("{at}.path"),
-        "must start with '/'",
-    );
-    report.check(
-        !h.interval.is_zero(),
-        format!("{at}.interval"),
-        "must be > 0",
-    );
-    report.check(!h.timeout.is_zero(), format!("{at}.timeout"), "must be > 0");
-    report.check(h.rise >= 1, format!("{at}.rise"), "must be >= 1");
-    report.check(h.fall >= 1, format!("{at}.fall"), "must be >= 1");
-}
-
-impl super::AdminConfig {
-    /// The admin bearer token from `token_env` or `token_file`; `None` when neither is set.
-    pub fn token(&self) -> Result<Option<String>, String> {
-        match (&self.token_env, &self.token_file) {
-            (Some(_), Some(_)) => Err("set token_env or token_file, not both".into()),
-            (Some(var), None) => match std::env::var(var) {
-                Ok(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_string())),
-                _ => Err(format!(
-                    "token_env: environment variable {var} is not set or empty"
-                )),
-            },
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("token_file: cannot read {}: {e}", path.display()))?;
-                match text.lines().next().map(str::trim) {
-                    Some(token) if !token.is_empty() => Ok(Some(token.to_string())),
-                    _ => Err(format!("token_file: {} holds no token", path.display())),
-                }
-            }
-            (None, None) => Ok(None),
         }
     }
 }

@@ -1,0 +1,100 @@
+//! The one place defaults are defined.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Name of the pool created when the file defines none.
+pub const POOL: &str = "default";
+/// Name of the class created when the file defines none.
+pub const CLASS: &str = "default";
+
+pub(crate) fn listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+pub(crate) fn threads() -> usize {
+    2
+}
+pub(crate) fn connect_retries() -> usize {
+    2
+}
+pub(crate) fn shutdown_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+pub(crate) fn request_id_header() -> String {
+    "x-request-id".to_string()
+}
+pub(crate) fn connect_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+pub(crate) fn read_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+pub(crate) fn write_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+pub(crate) fn upstream_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+pub(crate) fn reload_watch() -> bool {
+    true
+}
+pub(crate) fn reload_debounce() -> Duration {
+    Duration::from_millis(200)
+}
+pub(crate) fn health_enabled() -> bool {
+    true
+}
+pub(crate) fn health_path() -> String {
+    "/health".to_string()
+}
+pub(crate) fn health_interval() -> Duration {
+    Duration::from_secs(2)
+}
+pub(crate) fn health_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+pub(crate) fn health_rise() -> u32 {
+    2
+}
+pub(crate) fn health_fall() -> u32 {
+    3
+}
+pub(crate) fn outlier_failures() -> u32 {
+    5
+}
+pub(crate) fn outlier_base() -> Duration {
+    Duration::from_secs(10)
+}
+pub(crate) fn outlier_max() -> Duration {
+    Duration::from_secs(300)
+}
+pub(crate) fn outlier_max_percent() -> u32 {
+    50
+}
+pub(crate) fn stale_after() -> Duration {
+    Duration::from_secs(5)
+}
+pub(crate) fn queue_depth() -> usize {
+    128
+}
+pub(crate) fn queue_wait() -> Duration {
+    Duration::from_secs(10)
+}
+pub(crate) fn tenant_weight() -> u32 {
+    1
+}
+pub(crate) fn tenant_header() -> String {
+    "x-tenant".to_string()
+}
+pub(crate) fn access_log_enabled() -> bool {
+    true
+}
+pub(crate) fn max_tenants() -> usize {
+    crate::metrics::DEFAULT_MAX_TENANTS
+}
+pub(crate) fn weight() -> u32 {
+    1
+}
+pub(crate) fn max_outstanding() -> u32 {
+    256
+}

@@ -1,0 +1,116 @@
+//! Process-level settings: admin listener, timeouts, reload, access log and metrics.
+
+use super::{defaults, duration};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The access log.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// Write it at all.
+    #[serde(default = "defaults::access_log_enabled")]
+    pub enabled: bool,
+    /// `json` (one object per line) or `text`.
+    #[serde(default)]
+    pub format: crate::access_log::AccessLogFormat,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig {
+            enabled: defaults::access_log_enabled(),
+            format: Default::default(),
+        }
+    }
+}
+
+impl AccessLogConfig {
+    /// The format to write in, or `None` when the access log is off.
+    pub fn format(&self) -> Option<crate::access_log::AccessLogFormat> {
+        self.enabled.then_some(self.format)
+    }
+}
+
+/// Prometheus metrics settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Tenants given their own label value; the rest fold into `other`.
+    #[serde(default = "defaults::max_tenants")]
+    pub max_tenants: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            max_tenants: defaults::max_tenants(),
+        }
+    }
+}
+
+/// Live reload of the config file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadConfig {
+    /// Reload when the file changes on disk (SIGHUP and `POST /reload` always work).
+    #[serde(default = "defaults::reload_watch")]
+    pub watch: bool,
+    /// Quiet time after the last file event before reloading, so one save is one reload.
+    #[serde(default = "defaults::reload_debounce", with = "duration")]
+    pub debounce: Duration,
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        ReloadConfig {
+            watch: defaults::reload_watch(),
+            debounce: defaults::reload_debounce(),
+        }
+    }
+}
+
+/// The admin listener.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener (keep it on loopback).
+    pub listen: SocketAddr,
+    /// Environment variable holding the bearer token that mutating endpoints require.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// File holding that token (first line), as an alternative to `token_env`.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+/// Upstream timeouts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Longest wait for a TCP connection to a backend.
+    #[serde(default = "defaults::connect_timeout", with = "duration")]
+    pub connect: Duration,
+    /// Longest silence while reading from a backend: bounds the time to the response's first
+    /// byte and every gap between streamed chunks (pingora applies one per-read timeout).
+    #[serde(default = "defaults::read_timeout", with = "duration")]
+    pub read: Duration,
+    /// Longest wait for one write of the request to a backend.
+    #[serde(default = "defaults::write_timeout", with = "duration")]
+    pub write: Duration,
+    /// How long an idle upstream keep-alive connection is kept for reuse.
+    #[serde(default = "defaults::upstream_idle_timeout", with = "duration")]
+    pub upstream_keepalive: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: defaults::connect_timeout(),
+            read: defaults::read_timeout(),
+            write: defaults::write_timeout(),
+            upstream_keepalive: defaults::upstream_idle_timeout(),
+        }
+    }
+}
