@@ -159,6 +159,18 @@ async fn a_client_leaving_the_queue_frees_its_place() {
         received, 2,
         "the departed request must never reach the backend"
     );
+    let metrics = reqwest::get(format!("{}/metrics", proxy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpulb_requests_total{") && l.contains("status=\"499\"")),
+        "the departed request is counted as 499"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

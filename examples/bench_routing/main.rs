@@ -127,6 +127,10 @@ struct Args {
         default_value = "gpulb,nginx-rr,nginx-lc,haproxy-rr,haproxy-lc"
     )]
     targets: Vec<String>,
+    /// Per-worker weights, comma-separated, given to every target alike (gpulb `weight`, nginx
+    /// `weight=`, HAProxy `weight`); default: none (all equal).
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<u32>,
     /// Worker threads of every proxy (gpulb threads = nginx worker_processes = HAProxy nbthread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -151,8 +155,9 @@ struct Args {
     /// gpulb model-server telemetry interval.
     #[arg(long, default_value = "200ms")]
     telemetry_interval: String,
-    /// gpulb pool guard max_server_queue (negative: no guard).
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    /// gpulb pool guard max_server_queue (negative: no guard). Off by default: a request counts
+    /// as waiting in the worker until its next step boundary, so 0 trips on healthy workers.
+    #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]
     max_server_queue: f64,
     /// Turn gpulb's access log on (written to DIR/seed-N/gpulb.log; off by default for parity).
     #[arg(long)]
@@ -542,6 +547,9 @@ fn run(a: Args) -> Result<(), String> {
     if a.workers == 0 || a.duration <= 0.0 {
         return Err("--workers and --duration must be > 0".into());
     }
+    if !a.weights.is_empty() && (a.weights.len() != a.workers || a.weights.contains(&0)) {
+        return Err(format!("--weights needs {} values, each >= 1", a.workers));
+    }
     let gpulb_bin = a.gpulb_bin.clone().unwrap_or_else(default_gpulb_bin);
     if targets.contains(&Target::Gpulb) && !gpulb_bin.exists() {
         return Err(format!(
@@ -593,8 +601,14 @@ fn run(a: Args) -> Result<(), String> {
     );
     let _ = writeln!(
         head,
-        "- every proxy: {} worker thread(s)/process(es), logs off; harness client: {} tokio thread(s); fleet: its own 1-thread runtime in the harness process",
-        a.threads, a.client_threads
+        "- every proxy: {} worker thread(s)/process(es), logs off, backend weights {}; harness client: {} tokio thread(s); fleet: its own 1-thread runtime in the harness process",
+        a.threads,
+        if a.weights.is_empty() {
+            "all equal".to_string()
+        } else {
+            a.weights.iter().map(ToString::to_string).collect::<Vec<_>>().join("/")
+        },
+        a.client_threads
     );
     let _ = writeln!(head, "- fleet ({} simulated workers):", a.workers);
     for p in &profiles {
@@ -727,6 +741,7 @@ fn run(a: Args) -> Result<(), String> {
             threads: a.threads,
             gpulb: &knobs,
             prio_maxconn: a.prio_maxconn.unwrap_or(a.max_running),
+            weights: (!a.weights.is_empty()).then_some(&a.weights[..]),
         };
         let (mut child, config_path) = targets::start(*target, &setup, &gpulb_bin)?;
         configs.push((name.to_string(), config_path));

@@ -61,6 +61,14 @@ pub struct Setup<'a> {
     pub gpulb: &'a GpulbKnobs,
     /// HAProxy `maxconn` per server for haproxy-prio.
     pub prio_maxconn: usize,
+    /// Per-worker weights given to every target alike (`None`: all equal, no weight written).
+    pub weights: Option<&'a [u32]>,
+}
+
+impl Setup<'_> {
+    fn weight(&self, i: usize) -> Option<u32> {
+        self.weights.and_then(|w| w.get(i).copied())
+    }
 }
 
 /// Knobs of the generated gpulb config.
@@ -104,7 +112,10 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     let _ = writeln!(y, "admin: {{listen: 127.0.0.1:{}}}", s.admin_port);
     let _ = writeln!(y, "reload: {{watch: false}}");
     let _ = writeln!(y, "shutdown_timeout: 1s");
-    let _ = writeln!(y, "# Off, as nginx and HAProxy run with logging off (--gpulb-access-log: on).");
+    let _ = writeln!(
+        y,
+        "# Off, as nginx and HAProxy run with logging off (--gpulb-access-log: on)."
+    );
     let _ = writeln!(y, "access_log: {{enabled: {}}}", k.access_log);
     let _ = writeln!(y, "timeouts: {{read: 300s}}");
     let _ = writeln!(y, "health_check: {{interval: 1s, rise: 1}}");
@@ -123,6 +134,9 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
         let _ = writeln!(y, "  - name: gpu{i}");
         let _ = writeln!(y, "    url: http://{w}");
         let _ = writeln!(y, "    max_outstanding: {}", k.max_outstanding);
+        if let Some(w) = s.weight(i) {
+            let _ = writeln!(y, "    weight: {w}");
+        }
         let _ = writeln!(
             y,
             "    telemetry: [{{kind: model_server, server: vllm, interval: {}, timeout: 200ms}}]",
@@ -200,8 +214,11 @@ fn nginx_config(s: &Setup, least_conn: bool) -> String {
     if least_conn {
         let _ = writeln!(c, "        least_conn;");
     }
-    for w in s.workers {
-        let _ = writeln!(c, "        server {w};");
+    for (i, w) in s.workers.iter().enumerate() {
+        let weight = s
+            .weight(i)
+            .map_or(String::new(), |v| format!(" weight={v}"));
+        let _ = writeln!(c, "        server {w}{weight};");
     }
     let _ = writeln!(c, "        keepalive 64;");
     let _ = writeln!(c, "    }}");
@@ -264,7 +281,10 @@ fn haproxy_config(s: &Setup, target: Target) -> String {
         String::new()
     };
     for (i, w) in s.workers.iter().enumerate() {
-        let _ = writeln!(c, "    server gpu{i} {w} check inter 1s{maxconn}");
+        let weight = s
+            .weight(i)
+            .map_or(String::new(), |v| format!(" weight {v}"));
+        let _ = writeln!(c, "    server gpu{i} {w} check inter 1s{weight}{maxconn}");
     }
     c
 }

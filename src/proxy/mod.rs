@@ -63,9 +63,9 @@ impl ProxyHttp for Gpulb {
         ctx.class = snapshot.classify(&req.method, req.uri.path(), &req.headers);
         ctx.snapshot = Some(Arc::clone(&snapshot));
         let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
+        ctx.class_metrics = Some(Arc::clone(&class_metrics));
         // Admit and pick in one step: the lease granted here is the one `upstream_peer` uses.
         let refusal = admit::admit(session, ctx, &snapshot).await?;
-        ctx.class_metrics = Some(Arc::clone(&class_metrics));
         match refusal {
             None => {
                 class_metrics.queue_wait(ctx.queued_for);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Routing-quality benchmark: gpulb vs nginx (round robin, least_conn) vs HAProxy (roundrobin,
+# leastconn) in front of the same uneven simulated GPU fleet, the identical open-loop trace for
+# each, repeated over several seeds and two burst scenarios. See examples/bench_routing/main.rs
+# for what is measured and how, and BENCHMARKS.md ("Routing quality") for results.
+#
+# Usage (from anywhere; everything runs on 127.0.0.1 with free ports, then is torn down):
+#   examples/bench_routing.sh                      # build, then 2 scenarios x 3 seeds (~25 min)
+#   SEEDS=1 SCENARIOS=spike examples/bench_routing.sh           # one run (~4 min)
+#   examples/bench_routing.sh --bulk-share 0.5     # extra flags go to every run
+# Knobs (environment):
+#   SEEDS="1 2 3"            trace seeds
+#   SCENARIOS="spike flood"  spike: both classes x3 in the burst windows (the binary's default);
+#                            flood: interactive steady, bulk x5 in the burst windows
+#   SKIP_BUILD=1             use the existing release binaries
+#   OUT=target/bench_routing where runs go (OUT/SCENARIO/seed-N/: configs, CSVs, results.md);
+#                            every table is also appended to OUT/summary.md
+set -euo pipefail
+
+SEEDS=${SEEDS:-1 2 3}
+SCENARIOS=${SCENARIOS:-spike flood}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/target/bench_routing}
+cd "$ROOT"
+
+for tool in nginx haproxy; do
+    command -v "$tool" >/dev/null || {
+        echo "$tool is missing: apt-get install -y nginx-light haproxy" >&2
+        exit 1
+    }
+done
+if [[ -z ${SKIP_BUILD:-} ]]; then
+    cargo build --release --bin gpulb --examples >&2
+fi
+
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.md
+: >"$SUMMARY"
+for scenario in $SCENARIOS; do
+    case $scenario in
+        spike) flags=() ;;
+        flood) flags=(--interactive-burst 1 --bulk-burst 5) ;;
+        *) echo "unknown scenario $scenario (spike, flood)" >&2; exit 1 ;;
+    esac
+    for seed in $SEEDS; do
+        echo "[bench_routing.sh] scenario $scenario, seed $seed" >&2
+        {
+            echo "## Scenario $scenario"
+            echo
+            target/release/examples/bench_routing --seed "$seed" --out-dir "$OUT/$scenario" \
+                ${flags[@]+"${flags[@]}"} "$@"
+        } | tee -a "$SUMMARY"
+    done
+done
+echo "[bench_routing.sh] all tables: $SUMMARY" >&2
