@@ -159,6 +159,15 @@ struct Args {
     /// as waiting in the worker until its next step boundary, so 0 trips on healthy workers.
     #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]
     max_server_queue: f64,
+    /// gpulb interactive class guard max_server_queue (negative: none).
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
+    interactive_guard_queue: f64,
+    /// gpulb interactive class guard max_kv_cache, beside max_server_queue (negative: none).
+    #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]
+    interactive_guard_kv: f64,
+    /// gpulb bulk class guard max_kv_cache (negative: none).
+    #[arg(long, default_value_t = 0.75, allow_hyphen_values = true)]
+    bulk_guard_kv: f64,
     /// Turn gpulb's access log on (written to DIR/seed-N/gpulb.log; off by default for parity).
     #[arg(long)]
     gpulb_access_log: bool,
@@ -724,6 +733,9 @@ fn run(a: Args) -> Result<(), String> {
         bulk_max_wait: a.bulk_max_wait.clone(),
         telemetry_interval: a.telemetry_interval.clone(),
         max_server_queue: a.max_server_queue,
+        interactive_guard_queue: a.interactive_guard_queue,
+        interactive_guard_kv: a.interactive_guard_kv,
+        bulk_guard_kv: a.bulk_guard_kv,
         access_log: a.gpulb_access_log,
         template: a.gpulb_config.clone(),
     };

@@ -52,6 +52,9 @@ pub struct ClassStats {
     pub ttft_p99: Option<f64>,
     pub e2e_p50: Option<f64>,
     pub e2e_p99: Option<f64>,
+    /// Mean end-to-end time: for a fixed trace, the class's mean number in system divided by
+    /// its arrival rate (Little), so a robust sign of how quickly its work was served.
+    pub e2e_mean: Option<f64>,
     /// Completed requests and tokens per second of the class's span (trace start to its last
     /// completion).
     pub completed_per_s: f64,
@@ -87,6 +90,7 @@ pub fn class_stats(outcomes: &[Outcome], class: Class, tenant: Option<&str>) -> 
         ttft_p99: pct(&ttft, 0.99),
         e2e_p50: pct(&e2e, 0.50),
         e2e_p99: pct(&e2e, 0.99),
+        e2e_mean: (!e2e.is_empty()).then(|| e2e.iter().sum::<f64>() / e2e.len() as f64),
         completed_per_s: if span > 0.0 {
             ok.len() as f64 / span
         } else {
@@ -113,15 +117,15 @@ pub fn main_table(runs: &[TargetRun]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "| target | class | sent | ok | shed | errors | TTFT p50 ms | TTFT p99 ms | E2E p50 s | E2E p99 s | completed/s | tokens/s |"
+        "| target | class | sent | ok | shed | errors | TTFT p50 ms | TTFT p99 ms | E2E p50 s | E2E p99 s | E2E mean s | completed/s | tokens/s |"
     );
-    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for run in runs {
         for class in Class::ALL {
             let s = class_stats(&run.outcomes, class, None);
             let _ = writeln!(
                 t,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.0} |",
                 run.name,
                 class.name(),
                 s.sent,
@@ -132,6 +136,7 @@ pub fn main_table(runs: &[TargetRun]) -> String {
                 ms(s.ttft_p99),
                 secs(s.e2e_p50),
                 secs(s.e2e_p99),
+                secs(s.e2e_mean),
                 s.completed_per_s,
                 s.tokens_per_s
             );
@@ -282,7 +287,7 @@ pub fn verdict(runs: &[TargetRun]) -> String {
         let ratio = gv / bv;
         let _ = writeln!(
             t,
-            "- interactive p99 TTFT: gpulb {:.0} ms vs best baseline {bn} {:.0} ms = {:.2}x (target <= 0.50x): {}",
+            "- interactive p99 TTFT: gpulb {:.0} ms vs best baseline {bn} {:.0} ms = {:.3}x (target <= 0.5x): {}",
             gv * 1000.0,
             bv * 1000.0,
             ratio,
@@ -297,7 +302,7 @@ pub fn verdict(runs: &[TargetRun]) -> String {
         };
         let _ = writeln!(
             t,
-            "- bulk completed/s: gpulb {:.3} vs best baseline {bn} {:.3} = {:.2}x; bulk tokens/s {:.0} vs {:.0}; bulk ok {} vs {} (target >= 1.00x, i.e. no worse): {}",
+            "- bulk completed/s: gpulb {:.3} vs best baseline {bn} {:.3} = {:.3}x; bulk tokens/s {:.0} vs {:.0}; bulk ok {} vs {} (target >= 1x, i.e. no worse): {}",
             gb.completed_per_s,
             bs.completed_per_s,
             ratio,
@@ -305,7 +310,22 @@ pub fn verdict(runs: &[TargetRun]) -> String {
             bs.tokens_per_s,
             gb.ok,
             bs.ok,
-            if ratio >= 0.995 && gb.ok >= bs.ok { "MET" } else { "NOT MET" }
+            if ratio >= 1.0 && gb.ok >= bs.ok { "MET" } else { "NOT MET" }
+        );
+    }
+    let best_mean = baselines
+        .iter()
+        .filter_map(|r| {
+            class_stats(&r.outcomes, Class::Bulk, None)
+                .e2e_mean
+                .map(|v| (v, r.name.clone()))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    if let (Some(gv), Some((bv, bn))) = (gb.e2e_mean, best_mean) {
+        let _ = writeln!(
+            t,
+            "- (not part of the target) bulk mean E2E: gpulb {gv:.2} s vs best baseline {bn} {bv:.2} s = {:.3}x (lower is better)",
+            gv / bv
         );
     }
     t

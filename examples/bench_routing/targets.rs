@@ -81,6 +81,12 @@ pub struct GpulbKnobs {
     pub telemetry_interval: String,
     /// `guards.max_server_queue` on the pool; negative = no guard.
     pub max_server_queue: f64,
+    /// Interactive class `guards.max_server_queue`; negative = none (then the pool's applies).
+    pub interactive_guard_queue: f64,
+    /// Interactive class `guards.max_kv_cache` (with the queue guard); negative = none.
+    pub interactive_guard_kv: f64,
+    /// Bulk class `guards.max_kv_cache`; negative = none (then the pool's applies).
+    pub bulk_guard_kv: f64,
     /// Access log on (it records each request's queue wait; off for parity by default).
     pub access_log: bool,
     /// A user-supplied template instead of the generated config.
@@ -168,11 +174,35 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
         k.interactive_max_wait
     );
     let _ = writeln!(y, "    fairness: {{policy: equal_share}}");
+    if k.interactive_guard_queue >= 0.0 {
+        let _ = writeln!(
+            y,
+            "    # Skip a worker whose own queue holds more than this (a request counts as"
+        );
+        let _ = writeln!(
+            y,
+            "    # waiting until the worker's next step, so 0 would trip on healthy workers)."
+        );
+        let kv = if k.interactive_guard_kv >= 0.0 {
+            format!(", max_kv_cache: {}", k.interactive_guard_kv)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            y,
+            "    guards: {{max_server_queue: {}{kv}}}",
+            k.interactive_guard_queue
+        );
+    }
     let _ = writeln!(y, "  - name: bulk");
     let _ = writeln!(y, "    pool: fleet");
     let _ = writeln!(
         y,
-        "    # Bulk may fill only this share of each worker's slots; the rest is kept for"
+        "    # Bulk is placed on a worker only while fewer than this share of its"
+    );
+    let _ = writeln!(
+        y,
+        "    # max_outstanding slots are taken (by any class): the rest is kept for"
     );
     let _ = writeln!(
         y,
@@ -180,6 +210,21 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     );
     let _ = writeln!(y, "    # interactive queue first.");
     let _ = writeln!(y, "    backend_share: {}", k.bulk_share);
+    if k.bulk_guard_kv >= 0.0 {
+        let _ = writeln!(
+            y,
+            "    # No new bulk job on a worker whose KV cache is fuller than this: a long job"
+        );
+        let _ = writeln!(
+            y,
+            "    # that does not fit waits at the head of the worker's FIFO and blocks"
+        );
+        let _ = writeln!(
+            y,
+            "    # everything behind it (the half-KV gpu2 otherwise)."
+        );
+        let _ = writeln!(y, "    guards: {{max_kv_cache: {}}}", k.bulk_guard_kv);
+    }
     let _ = writeln!(
         y,
         "    queue: {{max_depth: 1024, max_wait: {}}}",
