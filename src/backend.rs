@@ -2,6 +2,7 @@
 
 use crate::admission::ClassQueue;
 use crate::health::HealthState;
+use crate::service_time::ServiceTimes;
 use crate::telemetry::Telemetry;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,6 +116,8 @@ pub struct ClassState {
     pub outstanding: Arc<InflightCounter>,
     /// Requests of this class waiting for a backend slot.
     pub queue: ClassQueue<Grant>,
+    /// How long its requests take on each backend.
+    pub service_times: ServiceTimes,
 }
 
 impl ClassState {
@@ -123,6 +126,7 @@ impl ClassState {
         ClassState {
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             queue: ClassQueue::new(),
+            service_times: ServiceTimes::default(),
         }
     }
 }

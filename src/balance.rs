@@ -1,8 +1,10 @@
-//! Backend selection: least outstanding requests relative to weight, ties broken at random.
+//! Backend selection: least outstanding requests relative to weight (and, when measured,
+//! speed), ties broken at random.
 //!
-//! A pure function over a slice of candidates, so it is tested (and benchmarked) alone.
+//! Pure functions over a slice of candidates, so they are tested (and benchmarked) alone.
 
 use rand::Rng;
+use std::cmp::Ordering;
 
 /// What selection needs to know about one backend of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +20,17 @@ pub struct Candidate {
     pub max_outstanding: u32,
     /// False when the backend must not get new requests (unhealthy, excluded, already tried).
     pub eligible: bool,
+    /// Measured service time relative to the pool's fastest backend, in thousandths:
+    /// [`REFERENCE_SPEED`] is as fast as the fastest, twice that takes twice as long.
+    pub slowness_milli: u32,
 }
+
+/// `slowness_milli` of the fastest backend, and of any backend not measured.
+pub const REFERENCE_SPEED: u32 = 1000;
+
+/// Width of a speed tier for [`pick_fastest`]: backends within a quarter of each other's
+/// service time count as equally fast, so noise in the measurement does not decide.
+const SPEED_TIER_MILLI: u32 = 250;
 
 impl Candidate {
     /// Whether this candidate may take one more request.
@@ -27,37 +39,64 @@ impl Candidate {
     }
 }
 
-/// Compares the load after adding one request, `(load + 1) / weight`, without division.
-fn lighter(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-    let load_a = (u64::from(a.load) + 1) * u64::from(b.weight.max(1));
-    let load_b = (u64::from(b.load) + 1) * u64::from(a.weight.max(1));
-    load_a.cmp(&load_b)
+/// Compares the load after adding one request, `(load + 1) * slowness / weight`, without
+/// division.
+fn lighter(a: &Candidate, b: &Candidate) -> Ordering {
+    let cost = |c: &Candidate, other: &Candidate| {
+        (u128::from(c.load) + 1)
+            * u128::from(other.weight.max(1))
+            * u128::from(c.slowness_milli.max(1))
+    };
+    cost(a, b).cmp(&cost(b, a))
 }
 
-/// Picks the available candidate with the least weighted outstanding load.
+/// The speed tier of a candidate: 0 for the fastest, one more per quarter of extra time.
+fn speed_tier(c: &Candidate) -> u32 {
+    (c.slowness_milli.saturating_sub(REFERENCE_SPEED) + SPEED_TIER_MILLI / 2) / SPEED_TIER_MILLI
+}
+
+/// Picks the available candidate with the least load relative to weight and speed.
 ///
 /// Candidates tied at that load are chosen between uniformly at random (reservoir sampling in
 /// one pass), which is what power-of-two choices reduces to when both draws are equally loaded:
 /// no backend becomes the default target when the pool is idle.
 pub fn pick<R: Rng + ?Sized>(candidates: &[Candidate], rng: &mut R) -> Option<usize> {
+    pick_by(candidates, rng, lighter)
+}
+
+/// Picks an available candidate of the fastest speed tier, the least loaded among those.
+pub fn pick_fastest<R: Rng + ?Sized>(candidates: &[Candidate], rng: &mut R) -> Option<usize> {
+    pick_by(candidates, rng, |a, b| {
+        speed_tier(a)
+            .cmp(&speed_tier(b))
+            .then_with(|| lighter(a, b))
+    })
+}
+
+/// The available candidate that `better` orders first, ties broken uniformly at random.
+fn pick_by<R: Rng + ?Sized>(
+    candidates: &[Candidate],
+    rng: &mut R,
+    better: impl Fn(&Candidate, &Candidate) -> Ordering,
+) -> Option<usize> {
     let mut best: Option<usize> = None;
     let mut ties = 0u32;
     for (index, candidate) in candidates.iter().enumerate() {
         if !candidate.available() {
             continue;
         }
-        match best.map(|b| lighter(candidate, &candidates[b])) {
-            None | Some(std::cmp::Ordering::Less) => {
+        match best.map(|b| better(candidate, &candidates[b])) {
+            None | Some(Ordering::Less) => {
                 best = Some(index);
                 ties = 1;
             }
-            Some(std::cmp::Ordering::Equal) => {
+            Some(Ordering::Equal) => {
                 ties += 1;
                 if rng.random_range(0..ties) == 0 {
                     best = Some(index);
                 }
             }
-            Some(std::cmp::Ordering::Greater) => {}
+            Some(Ordering::Greater) => {}
         }
     }
     best
@@ -76,6 +115,7 @@ mod tests {
             weight,
             max_outstanding: 100,
             eligible: true,
+            slowness_milli: REFERENCE_SPEED,
         }
     }
 
@@ -133,6 +173,37 @@ mod tests {
         capped.max_outstanding = 3;
         capped.load = 0;
         assert_eq!(pick(&[capped, cand(9, 1)], &mut rng), Some(1));
+    }
+
+    #[test]
+    fn slowness_scales_the_load() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut slow = cand(1, 1);
+        slow.slowness_milli = 2 * REFERENCE_SPEED;
+        // (1+1)*2 > (2+1)*1: the fast one takes a third request first...
+        assert_eq!(pick(&[slow, cand(2, 1)], &mut rng), Some(1));
+        // ...but (1+1)*2 < (4+1)*1.
+        assert_eq!(pick(&[slow, cand(4, 1)], &mut rng), Some(0));
+    }
+
+    #[test]
+    fn pick_fastest_prefers_the_fastest_tier_whatever_its_load() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let mut slow = cand(0, 1);
+        slow.slowness_milli = 1_900;
+        let mut nearly_fast = cand(1, 1);
+        nearly_fast.slowness_milli = 1_100;
+        // 1.1x is in the fastest tier: it and the reference one share it, least loaded wins.
+        assert_eq!(
+            pick_fastest(&[slow, nearly_fast, cand(7, 1)], &mut rng),
+            Some(1)
+        );
+        // Only when no faster one is available does the slow one get the request.
+        let mut full = cand(7, 1);
+        full.max_outstanding = 7;
+        assert_eq!(pick_fastest(&[slow, full], &mut rng), Some(0));
+        assert_eq!(speed_tier(&slow), 4);
+        assert_eq!(speed_tier(&cand(0, 1)), 0);
     }
 
     #[test]

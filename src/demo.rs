@@ -73,8 +73,9 @@ pub fn demo_config(
          guards: {{max_gpu_memory: 0.97, max_kv_cache: 0.97}}\n\
          classes:\n  \
          - name: interactive\n    pool: fleet\n    match: {{path_prefix: /v1/chat/}}\n    \
+         placement: speed_weighted\n    \
          queue: {{max_depth: 256, max_wait: 5s}}\n    fairness: {{policy: equal_share}}\n  \
-         - name: bulk\n    pool: fleet\n    backend_share: 0.75\n    \
+         - name: bulk\n    pool: fleet\n    backend_share: 0.75\n    placement: earliest_finish\n    \
          queue: {{max_depth: 1024, max_wait: 1m}}\n    fairness: {{policy: equal_share}}\n\
          default_class: bulk\n"
     );

@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod registry;
 pub mod reload;
 pub mod server;
+pub mod service_time;
 pub mod sim;
 pub mod supervise;
 pub mod telemetry;

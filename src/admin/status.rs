@@ -1,6 +1,7 @@
 //! The `GET /status` document: config generation, backends with live counters and telemetry,
 //! classes with queues and recent latency percentiles.
 
+use crate::config::Placement;
 use crate::health::{now_ms, CheckStatus};
 use crate::metrics::{gpu_label, Metrics, Percentiles};
 use crate::registry::{Backend, Snapshot};
@@ -130,6 +131,11 @@ pub struct ClassStatus {
     pub shed_total: u64,
     /// Latency percentiles over the last [`LATENCY_SPAN_S`] seconds.
     pub latency: LatencyStatus,
+    /// How it places requests (`least_loaded`, `speed_weighted`, `earliest_finish`).
+    pub placement: Placement,
+    /// Measured mean service time (slot to last byte) per backend of its pool, seconds;
+    /// backends without a usable estimate are left out.
+    pub service_seconds: BTreeMap<String, f64>,
 }
 
 /// Recent latency of a class in [`ClassStatus`], seconds.
@@ -224,6 +230,12 @@ impl Status {
                             ttfb,
                             duration,
                         },
+                        placement: c.placement,
+                        service_seconds: snapshot
+                            .service_seconds(c, instant)
+                            .into_iter()
+                            .map(|(name, secs)| (name.to_string(), secs))
+                            .collect(),
                     }
                 })
                 .collect(),

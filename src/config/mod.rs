@@ -18,7 +18,7 @@ pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use process::{AccessLogConfig, AdminConfig, MetricsConfig, ReloadConfig, Timeouts};
 pub use validate::{backend_addr, ConfigError, ConfigErrors};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -151,6 +151,25 @@ pub struct ClassConfig {
     /// to other classes; absent = all of it.
     #[serde(default)]
     pub backend_share: Option<f64>,
+    /// How a backend is chosen among those with a free slot, and whether to wait for a faster one.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// How a class chooses among the backends of its pool.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Least outstanding requests relative to weight.
+    #[default]
+    LeastLoaded,
+    /// As `least_loaded`, with each backend's weight divided by how much slower than the
+    /// fastest its measured service time for this class is.
+    SpeedWeighted,
+    /// The fastest backend (by measured service time for this class) with a free slot; a
+    /// request is held for a faster backend when the faster ones are expected to free a slot
+    /// for it sooner than the slower one would finish it.
+    EarliestFinish,
 }
 
 /// Match rules of a class; every rule given must hold.
@@ -241,6 +260,7 @@ impl Config {
                 tenant_max_outstanding: None,
                 fallback_pool: None,
                 backend_share: None,
+                placement: Placement::default(),
             });
         }
         if self.default_class.is_none() && self.classes.len() == 1 {

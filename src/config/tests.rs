@@ -139,3 +139,21 @@ fn shipped_example_config_is_valid() {
     let text = include_str!("../../conf/gpulb.yaml");
     Config::from_yaml(text).unwrap();
 }
+
+#[test]
+fn placement_defaults_to_least_loaded_and_a_bad_one_names_the_choices() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.classes[0].placement, Placement::LeastLoaded);
+    let classes = |placement: &str| {
+        format!("{MINIMAL}classes:\n  - {{name: c, pool: default, placement: {placement}}}\n")
+    };
+    let config = Config::from_yaml(&classes("earliest_finish")).unwrap();
+    assert_eq!(config.classes[0].placement, Placement::EarliestFinish);
+    let errors = errors_of(&classes("fastest"));
+    assert!(errors[0].starts_with("classes[0].placement"), "{errors:?}");
+    assert!(
+        errors[0].contains("least_loaded, speed_weighted, earliest_finish")
+            || errors[0].contains("`least_loaded`, `speed_weighted`, `earliest_finish`"),
+        "{errors:?}"
+    );
+}

@@ -14,6 +14,7 @@ use std::time::Instant;
 pub(super) struct Live {
     queue_depth: IntGaugeVec,
     class_outstanding: IntGaugeVec,
+    service_seconds: GaugeVec,
     outstanding: IntGaugeVec,
     healthy: IntGaugeVec,
     eligible: IntGaugeVec,
@@ -49,6 +50,7 @@ impl Live {
         Live {
             queue_depth: vec_of!(IntGaugeVec, r, "gpulb_queue_depth", "Requests waiting in the class queue now.", ["class"]),
             class_outstanding: vec_of!(IntGaugeVec, r, "gpulb_class_outstanding", "Requests of the class in flight now.", ["class"]),
+            service_seconds: vec_of!(GaugeVec, r, "gpulb_service_seconds", "Measured mean time a successful request of the class holds a slot on the backend (speed-aware placement).", ["class", "backend"]),
             outstanding: vec_of!(IntGaugeVec, r, "gpulb_backend_outstanding", "Requests this proxy has in flight on the backend.", ["backend"]),
             healthy: vec_of!(IntGaugeVec, r, "gpulb_backend_healthy", "1 when the backend's active checks pass (or checks are off), else 0.", ["backend"]),
             eligible: vec_of!(IntGaugeVec, r, "gpulb_backend_eligible", "1 when new requests may go to the backend (healthy and not ejected).", ["backend"]),
@@ -95,6 +97,7 @@ impl Live {
             v.reset();
         }
         for v in [
+            &self.service_seconds,
             &self.gpu_util,
             &self.gpu_mem_used,
             &self.gpu_mem_total,
@@ -129,6 +132,11 @@ impl Live {
             self.class_outstanding
                 .with_label_values(&name)
                 .set(i64::from(outstanding));
+            for (backend, secs) in snapshot.service_seconds(class, instant) {
+                self.service_seconds
+                    .with_label_values(&[class.name.as_str(), backend])
+                    .set(secs);
+            }
         }
         for b in &snapshot.backends {
             let s = &b.state;

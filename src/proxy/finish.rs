@@ -3,9 +3,27 @@
 use super::ctx::RequestCtx;
 use crate::access_log::{self, AccessRecord};
 use crate::error::ProxyError;
+use crate::registry::Snapshot;
 use pingora::prelude::*;
 use pingora::proxy::Session;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Feeds a successful request's time on its backend to speed-aware placement (every class
+/// records: a class placed by speed borrows what the others measured of a backend).
+fn record_service_time(
+    snapshot: &Snapshot,
+    class: usize,
+    backend: &str,
+    status: u16,
+    took: Duration,
+    now: Instant,
+) {
+    if let Some(class) = snapshot.classes.get(class) {
+        if (200..300).contains(&status) {
+            class.state.service_times.record(backend, took, now);
+        }
+    }
+}
 
 /// Records the finished request of `ctx` in the metrics and, when `access_log`, the access log.
 pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log: bool) {
@@ -29,6 +47,11 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
         .map(|b| b.state.name.as_str());
     if let Some(class) = &ctx.class_metrics {
         class.request_finished(backend, status, duration, ttfb);
+    }
+    if let (Some(snapshot), Some(backend), Some(leased_at), None, None) =
+        (snapshot, backend, ctx.leased_at, &ctx.failure, e)
+    {
+        record_service_time(snapshot, ctx.class, backend, status, now - leased_at, now);
     }
     if !access_log {
         return;

@@ -74,6 +74,7 @@ impl Snapshot {
                         Some((index, guards_in(index)))
                     }),
                     backend_share: c.backend_share,
+                    placement: c.placement,
                     policy: queue_policy(&c.queue, &c.fairness, c.tenant_max_outstanding),
                     state: old_classes
                         .get(c.name.as_str())

@@ -5,16 +5,18 @@
 
 mod build;
 mod select;
+mod speed;
 
 use crate::admission::QueuePolicy;
 use crate::backend::{BackendState, ClassState};
 use crate::classify::ClassRule;
-use crate::config::{Config, Guards, HealthCheck};
+use crate::config::{Config, Guards, HealthCheck, Placement};
 use crate::telemetry::SourceConfig;
 use arc_swap::ArcSwap;
 use http::{HeaderMap, Method};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::Notify;
 
 /// A backend as this snapshot configures it, with its live state.
@@ -62,6 +64,8 @@ pub struct Class {
     pub fallback: Option<(usize, Guards)>,
     /// Share of each backend's cap this class may fill.
     pub backend_share: Option<f64>,
+    /// How a backend is chosen for it.
+    pub placement: Placement,
     /// How the class's queue is bounded and ordered.
     pub policy: QueuePolicy,
     /// Live counters, shared across snapshots.
@@ -88,6 +92,24 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Names of the backends of pool `pool`, in member order.
+    pub fn member_names<'a>(&'a self, pool: &'a Pool) -> impl Iterator<Item = &'a str> + Clone {
+        pool.members
+            .iter()
+            .map(|&i| self.backends[i].state.name.as_str())
+    }
+
+    /// `class`'s measured mean service time, seconds, on each backend of its pool that has a
+    /// usable estimate.
+    pub fn service_seconds(&self, class: &Class, now: Instant) -> Vec<(&str, f64)> {
+        let names = self.member_names(&self.pools[class.pool]);
+        let measured = class.state.service_times.observe(names.clone(), now);
+        names
+            .zip(measured)
+            .filter_map(|(name, secs)| Some((name, secs?)))
+            .collect()
+    }
+
     /// The class a request belongs to: the first whose rule matches, else the default.
     pub fn classify(&self, method: &Method, path: &str, headers: &HeaderMap) -> usize {
         self.classes

@@ -1,12 +1,14 @@
 //! Choosing a backend for a request and feeding attempt outcomes to outlier ejection.
 
-use super::Snapshot;
+use super::speed::PoolSpeeds;
+use super::{Class, Snapshot};
 use crate::backend::{Grant, Lease};
-use crate::balance::{self, Candidate};
-use crate::config::Guards;
+use crate::balance::{self, Candidate, REFERENCE_SPEED};
+use crate::config::{Guards, Placement};
 use crate::health::now_ms;
 use crate::telemetry::is_fresh;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Snapshot {
@@ -40,32 +42,69 @@ impl Snapshot {
             max_outstanding: share_of(b.max_outstanding, share),
             eligible: b.state.health.eligible(now_ms)
                 && !fresh.is_some_and(|t| guards.excludes(&t.reading)),
+            slowness_milli: REFERENCE_SPEED,
         }
     }
 
-    /// Takes a slot on the least loaded available backend of `pool` for a class with `guards`
-    /// that may fill `share` of each backend, skipping `excluded`.
+    /// Takes a slot on a backend of `pool` for `class` (whose guards there are `guards`),
+    /// skipping `excluded`. With `may_hold`, a class placed by `earliest_finish` may decline a
+    /// slow backend to wait for a faster one ([`Miss::Held`]).
     fn acquire(
         &self,
         pool: usize,
+        class: &Class,
         guards: &Guards,
-        share: Option<f64>,
         excluded: &[usize],
-    ) -> Option<Lease> {
-        let members = &self.pools.get(pool)?.members;
+        may_hold: bool,
+    ) -> Result<Lease, Miss> {
+        let pool = self.pools.get(pool).ok_or(Miss::Full)?;
+        let members = &pool.members;
         let (now_ms, now) = (now_ms(), Instant::now());
         let mut candidates: Vec<Candidate> = members
             .iter()
             .map(|&i| {
-                let mut c = self.candidate(i, guards, share, now_ms, now);
+                let mut c = self.candidate(i, guards, class.backend_share, now_ms, now);
                 c.eligible &= !excluded.contains(&i);
                 c
             })
             .collect();
+        let speeds = (class.placement != Placement::LeastLoaded).then(|| {
+            let observe = |c: &Class| {
+                let names = members
+                    .iter()
+                    .map(|&i| self.backends[i].state.name.as_str());
+                c.state.service_times.observe(names, now)
+            };
+            let others: Vec<_> = self
+                .classes
+                .iter()
+                .filter(|c| !Arc::ptr_eq(&c.state, &class.state))
+                .map(observe)
+                .collect();
+            let eligible: Vec<bool> = candidates.iter().map(|c| c.eligible).collect();
+            let speeds = PoolSpeeds::new(&observe(class), &others, &eligible);
+            for (member, c) in candidates.iter_mut().enumerate() {
+                c.slowness_milli = speeds.slowness_milli(member);
+            }
+            speeds
+        });
         let mut rng = rand::rng();
         // Each failed acquire (another request took the last slot) removes one candidate.
         for _ in 0..candidates.len() {
-            let chosen = balance::pick(&candidates, &mut rng)?;
+            let chosen = match class.placement {
+                Placement::EarliestFinish => balance::pick_fastest(&candidates, &mut rng),
+                _ => balance::pick(&candidates, &mut rng),
+            }
+            .ok_or(Miss::Full)?;
+            if may_hold && class.placement == Placement::EarliestFinish {
+                let queued = class.state.queue.depth().max(1);
+                if speeds
+                    .as_ref()
+                    .is_some_and(|s| s.should_hold(chosen, &candidates, queued))
+                {
+                    return Err(Miss::Held);
+                }
+            }
             let backend = &self.backends[members[chosen]];
             if let Some(slot) = backend
                 .state
@@ -73,30 +112,44 @@ impl Snapshot {
                 .try_acquire(candidates[chosen].max_outstanding)
             {
                 backend.state.attempts_total.fetch_add(1, Ordering::Relaxed);
-                return Some(Lease::new(members[chosen], slot));
+                return Ok(Lease::new(members[chosen], slot));
             }
             candidates[chosen].eligible = false;
         }
-        None
+        Err(Miss::Full)
     }
 
-    /// A backend slot for class `class`: its own pool first, then its fallback pool.
+    /// A backend slot for class `class`: its own pool first, then its fallback pool. A request
+    /// held for a faster backend of its own pool does not spill over.
+    fn acquire_in_pools(
+        &self,
+        class: usize,
+        excluded: &[usize],
+        may_hold: bool,
+    ) -> Result<Lease, Miss> {
+        let c = self.classes.get(class).ok_or(Miss::Full)?;
+        match self.acquire(c.pool, c, &c.guards, excluded, may_hold) {
+            Err(Miss::Full) => match &c.fallback {
+                Some((pool, guards)) => self.acquire(*pool, c, guards, excluded, may_hold),
+                None => Err(Miss::Full),
+            },
+            placed_or_held => placed_or_held,
+        }
+    }
+
+    /// A backend slot for another attempt of a request of class `class` (never held: the
+    /// request is already admitted).
     pub fn acquire_for_class(&self, class: usize, excluded: &[usize]) -> Option<Lease> {
-        let c = self.classes.get(class)?;
-        self.acquire(c.pool, &c.guards, c.backend_share, excluded)
-            .or_else(|| {
-                let (pool, guards) = c.fallback.as_ref()?;
-                self.acquire(*pool, guards, c.backend_share, excluded)
-            })
+        self.acquire_in_pools(class, excluded, false).ok()
     }
 
     /// Admission's unit: a class slot and a backend lease, taken together or not at all.
     pub fn grant(&self, class: usize) -> Option<Grant> {
         let c = self.classes.get(class)?;
         let class_slot = c.state.outstanding.try_acquire(c.max_outstanding)?;
-        match self.acquire_for_class(class, &[]) {
-            Some(lease) => Some(Grant { class_slot, lease }),
-            None => {
+        match self.acquire_in_pools(class, &[], true) {
+            Ok(lease) => Some(Grant { class_slot, lease }),
+            Err(_) => {
                 class_slot.cancel();
                 None
             }
@@ -158,6 +211,15 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Why no backend slot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Miss {
+    /// No backend of the pool could take the request.
+    Full,
+    /// A slower backend could, but the request does better waiting for a faster one.
+    Held,
 }
 
 /// A class's cap on one backend: `share` of its `max_outstanding`, rounded up, at least 1.

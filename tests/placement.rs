@@ -1,0 +1,144 @@
+//! Speed-aware placement: gpulb measures each backend's service time and, when a class asks
+//! for it, routes away from a slow backend (`speed_weighted`) or waits for a fast one
+//! (`earliest_finish`).
+
+mod common;
+
+use common::*;
+use gpulb::sim::{Fault, SimWorker};
+use serde_json::Value;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(15);
+/// How much longer `/sleep/100` takes on the slow worker.
+const SLOWDOWN: f64 = 8.0;
+
+/// Two workers, w1 [`SLOWDOWN`] times slower than w0, one slot each, behind one class placed by
+/// `placement`.
+async fn uneven_pair(placement: &str) -> (Vec<SimWorker>, Proxy) {
+    let workers = start_workers(2, |_| {}).await;
+    workers[1].set_fault(Fault::Slow(SLOWDOWN));
+    let config = format!(
+        "{}classes:\n  - {{name: c, pool: default, placement: {placement}, \
+         queue: {{max_depth: 64, max_wait: 10s}}}}\n",
+        backends_yaml(&workers, |_| ", max_outstanding: 1".to_string())
+    );
+    let proxy = Proxy::start(&config).await;
+    (workers, proxy)
+}
+
+/// GETs `/sleep/100` through the proxy; the name of the worker that answered.
+async fn sleep_once(client: &reqwest::Client, proxy: &Proxy) -> String {
+    let resp = client
+        .get(format!("{}/sleep/100", proxy.url))
+        .send()
+        .await
+        .expect("request through the proxy");
+    assert_eq!(resp.status(), 200);
+    let worker = worker_of(&resp);
+    resp.bytes().await.expect("body");
+    worker
+}
+
+/// `count` requests at once; the workers that answered them.
+async fn burst(proxy: &Proxy, count: usize) -> Vec<String> {
+    let client = reqwest::Client::new();
+    let requests = (0..count).map(|_| sleep_once(&client, proxy));
+    futures_util::future::join_all(requests).await
+}
+
+/// The class's measured service times from `/status`.
+async fn service_seconds(proxy: &Proxy) -> Value {
+    proxy.status().await["classes"][0]["service_seconds"].clone()
+}
+
+/// Sends pairs of requests (one slot each, so one per worker) until the proxy has measured
+/// both workers; returns what it measured.
+async fn measure_both(proxy: &Proxy) -> (f64, f64) {
+    eventually(WAIT, "both workers measured", || async {
+        burst(proxy, 2).await;
+        let seen = service_seconds(proxy).await;
+        Some((seen["w0"].as_f64()?, seen["w1"].as_f64()?))
+    })
+    .await
+}
+
+fn count(workers: &[String], name: &str) -> usize {
+    workers.iter().filter(|w| *w == name).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_times_are_measured_and_shown_per_backend() {
+    let (_workers, proxy) = uneven_pair("least_loaded").await;
+    let (fast, slow) = measure_both(&proxy).await;
+    assert!((0.09..0.3).contains(&fast), "w0 measured at {fast} s");
+    assert!(
+        slow > fast * 3.0,
+        "w1 measured at {slow} s against {fast} s"
+    );
+    assert_eq!(
+        proxy.status().await["classes"][0]["placement"],
+        "least_loaded"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", proxy.admin))
+        .await
+        .expect("metrics request")
+        .text()
+        .await
+        .expect("metrics text");
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gpulb_service_seconds{"))
+        .collect();
+    assert_eq!(series.len(), 2, "{series:?}");
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains("backend=\"w1\"") && l.contains("class=\"c\"")),
+        "{series:?}"
+    );
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
+    let (_workers, proxy) = uneven_pair("earliest_finish").await;
+    measure_both(&proxy).await;
+    // Three at once: one starts on w0; waiting for w0 (100 ms per request) beats starting on
+    // w1 (800 ms), so the other two wait for it rather than take w1's free slot.
+    let served = burst(&proxy, 3).await;
+    assert_eq!(count(&served, "w0"), 3, "served by {served:?}");
+    // Sixteen at once: w0 cannot drain that queue in the 700 ms w1 would lose, so w1 helps.
+    let served = burst(&proxy, 16).await;
+    assert!(count(&served, "w1") >= 1, "w1 never used: {served:?}");
+    assert!(
+        count(&served, "w0") > count(&served, "w1"),
+        "served by {served:?}"
+    );
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_loaded_uses_the_free_slow_backend_at_once() {
+    // The same three requests under the default placement: the free slot on w1 is taken.
+    let (_workers, proxy) = uneven_pair("least_loaded").await;
+    measure_both(&proxy).await;
+    let served = burst(&proxy, 3).await;
+    assert!(count(&served, "w1") >= 1, "served by {served:?}");
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speed_weighted_sends_one_at_a_time_traffic_to_the_fast_backend() {
+    let (_workers, proxy) = uneven_pair("speed_weighted").await;
+    measure_both(&proxy).await;
+    // Both idle: (0+1) x 1 against (0+1) x 8, so w0 every time (least_loaded would toss a coin);
+    // the previous request may still hold w0's slot: (1+1) x 1 still wins.
+    let client = reqwest::Client::new();
+    let mut served = Vec::new();
+    for _ in 0..10 {
+        served.push(sleep_once(&client, &proxy).await);
+    }
+    assert_eq!(count(&served, "w0"), 10, "served by {served:?}");
+    proxy.wait_idle().await;
+}
