@@ -144,8 +144,14 @@ struct Args {
     #[arg(long)]
     gpulb_max_outstanding: Option<usize>,
     /// gpulb bulk class backend_share.
-    #[arg(long, default_value_t = 0.75)]
+    #[arg(long, default_value_t = 0.625)]
     bulk_share: f64,
+    /// gpulb bulk class placement (least_loaded, speed_weighted, earliest_finish).
+    #[arg(long, default_value = "earliest_finish")]
+    bulk_placement: String,
+    /// gpulb interactive class placement (least_loaded, speed_weighted, earliest_finish).
+    #[arg(long, default_value = "speed_weighted")]
+    interactive_placement: String,
     /// gpulb interactive queue max_wait.
     #[arg(long, default_value = "10s")]
     interactive_max_wait: String,
@@ -163,7 +169,7 @@ struct Args {
     #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
     interactive_guard_queue: f64,
     /// gpulb interactive class guard max_kv_cache, beside max_server_queue (negative: none).
-    #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 0.9, allow_hyphen_values = true)]
     interactive_guard_kv: f64,
     /// gpulb bulk class guard max_kv_cache (negative: none).
     #[arg(long, default_value_t = 0.75, allow_hyphen_values = true)]
@@ -729,6 +735,8 @@ fn run(a: Args) -> Result<(), String> {
     let knobs = GpulbKnobs {
         max_outstanding: a.gpulb_max_outstanding.unwrap_or(a.max_running),
         bulk_share: a.bulk_share,
+        bulk_placement: a.bulk_placement.clone(),
+        interactive_placement: a.interactive_placement.clone(),
         interactive_max_wait: a.interactive_max_wait.clone(),
         bulk_max_wait: a.bulk_max_wait.clone(),
         telemetry_interval: a.telemetry_interval.clone(),

@@ -76,6 +76,10 @@ impl Setup<'_> {
 pub struct GpulbKnobs {
     pub max_outstanding: usize,
     pub bulk_share: f64,
+    /// Bulk class `placement`.
+    pub bulk_placement: String,
+    /// Interactive class `placement`.
+    pub interactive_placement: String,
     pub interactive_max_wait: String,
     pub bulk_max_wait: String,
     pub telemetry_interval: String,
@@ -174,6 +178,16 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
         k.interactive_max_wait
     );
     let _ = writeln!(y, "    fairness: {{policy: equal_share}}");
+    if k.interactive_placement == "speed_weighted" {
+        let _ = writeln!(
+            y,
+            "    # Weights divided by measured slowness: the half-speed worker gets fewer"
+        );
+        let _ = writeln!(y, "    # streams, which there hold a slot twice as long.");
+    }
+    if k.interactive_placement != "least_loaded" {
+        let _ = writeln!(y, "    placement: {}", k.interactive_placement);
+    }
     if k.interactive_guard_queue >= 0.0 {
         let _ = writeln!(
             y,
@@ -181,8 +195,13 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
         );
         let _ = writeln!(
             y,
-            "    # waiting until the worker's next step, so 0 would trip on healthy workers)."
+            "    # waiting until the worker's next step, so 0 would trip on healthy workers)"
         );
+        let _ = writeln!(
+            y,
+            "    # or, when given, whose KV cache is fuller than max_kv_cache (a request that"
+        );
+        let _ = writeln!(y, "    # does not fit waits in the worker's FIFO).");
         let kv = if k.interactive_guard_kv >= 0.0 {
             format!(", max_kv_cache: {}", k.interactive_guard_kv)
         } else {
@@ -210,6 +229,23 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     );
     let _ = writeln!(y, "    # interactive queue first.");
     let _ = writeln!(y, "    backend_share: {}", k.bulk_share);
+    if k.bulk_placement == "earliest_finish" {
+        let _ = writeln!(
+            y,
+            "    # The fastest worker with a free slot, by measured service time; a long"
+        );
+        let _ = writeln!(
+            y,
+            "    # job waits for a fast worker rather than start on the half-speed one when"
+        );
+        let _ = writeln!(
+            y,
+            "    # the fast ones are expected to free a slot sooner than it would finish."
+        );
+    }
+    if k.bulk_placement != "least_loaded" {
+        let _ = writeln!(y, "    placement: {}", k.bulk_placement);
+    }
     if k.bulk_guard_kv >= 0.0 {
         let _ = writeln!(
             y,
