@@ -3,73 +3,101 @@
 //! gpulb measures this itself, from the moment a request gets its backend slot to the end of a
 //! successful response, so it works for any HTTP worker. Speed-aware placement
 //! (`placement: speed_weighted | earliest_finish`) reads it to tell a slow GPU from a fast one.
+//!
+//! Requests of one class differ in size (a 128-token and a 384-token job), and a handful of
+//! them decides a moving average, so two identical GPUs could look 2x apart. Each sample is
+//! therefore taken per byte of response (for an LLM server, roughly per generated token), and
+//! the estimate for a backend is its time per byte times the class's mean response size.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Weight of the newest sample in the moving average.
+/// Weight of the newest sample in the moving averages.
 const SMOOTHING: f64 = 0.2;
-/// Samples needed before an estimate is used.
+/// Samples needed on a backend before its estimate is used.
 const MIN_SAMPLES: u32 = 3;
 /// An estimate with no new sample for this long is forgotten (the backend may have changed).
 const MAX_AGE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Copy)]
 struct Estimate {
-    /// Moving average of the service time, in seconds.
-    mean_secs: f64,
+    /// Moving average of seconds per response byte.
+    secs_per_byte: f64,
     samples: u32,
     /// When the latest sample came.
     last: Instant,
 }
 
+#[derive(Debug, Default)]
+struct Books {
+    by_backend: HashMap<String, Estimate>,
+    /// Moving average of the class's response size in bytes, over all backends.
+    mean_bytes: f64,
+}
+
 /// Service times of one class, by backend name; kept across reloads with the class.
 #[derive(Debug, Default)]
 pub struct ServiceTimes {
-    by_backend: Mutex<HashMap<String, Estimate>>,
+    books: Mutex<Books>,
+}
+
+/// A moving average step, starting from the first sample.
+fn smooth(mean: f64, sample: f64, first: bool) -> f64 {
+    if first {
+        sample
+    } else {
+        mean + SMOOTHING * (sample - mean)
+    }
 }
 
 impl ServiceTimes {
-    /// Records one successful request on `backend` that held its slot for `took`.
-    pub fn record(&self, backend: &str, took: Duration, now: Instant) {
-        let secs = took.as_secs_f64();
-        let mut map = self.by_backend.lock().unwrap_or_else(|e| e.into_inner());
-        match map.get_mut(backend) {
-            Some(e) if now.saturating_duration_since(e.last) <= MAX_AGE => {
-                e.mean_secs += SMOOTHING * (secs - e.mean_secs);
-                e.samples = e.samples.saturating_add(1);
+    /// Records one successful request on `backend` that held its slot for `took` and answered
+    /// `bytes` of body. An empty body says nothing about speed and is not recorded.
+    pub fn record(&self, backend: &str, took: Duration, bytes: u64, now: Instant) {
+        if bytes == 0 {
+            return;
+        }
+        let bytes = bytes as f64;
+        let per_byte = took.as_secs_f64() / bytes;
+        let mut books = self.books.lock().unwrap_or_else(|e| e.into_inner());
+        let first_of_class = books.by_backend.is_empty();
+        books.mean_bytes = smooth(books.mean_bytes, bytes, first_of_class);
+        match books.by_backend.get_mut(backend) {
+            Some(e) => {
+                let stale = now.saturating_duration_since(e.last) > MAX_AGE;
+                e.secs_per_byte = smooth(e.secs_per_byte, per_byte, stale);
+                e.samples = if stale {
+                    1
+                } else {
+                    e.samples.saturating_add(1)
+                };
                 e.last = now;
             }
-            slot => {
+            None => {
                 let fresh = Estimate {
-                    mean_secs: secs,
+                    secs_per_byte: per_byte,
                     samples: 1,
                     last: now,
                 };
-                match slot {
-                    Some(e) => *e = fresh,
-                    None => {
-                        map.insert(backend.to_string(), fresh);
-                    }
-                }
+                books.by_backend.insert(backend.to_string(), fresh);
             }
         }
     }
 
-    /// The mean service time in seconds on each of `backends`, in order: `None` where too few
-    /// samples or none recent enough.
+    /// The expected service time in seconds of a request of the class (of its mean size) on
+    /// each of `backends`, in order: `None` where too few samples or none recent enough.
     pub fn observe<'a>(
         &self,
         backends: impl Iterator<Item = &'a str>,
         now: Instant,
     ) -> Vec<Option<f64>> {
-        let map = self.by_backend.lock().unwrap_or_else(|e| e.into_inner());
+        let books = self.books.lock().unwrap_or_else(|e| e.into_inner());
         backends
             .map(|name| {
-                let e = map.get(name)?;
+                let e = books.by_backend.get(name)?;
                 (e.samples >= MIN_SAMPLES && now.saturating_duration_since(e.last) <= MAX_AGE)
-                    .then_some(e.mean_secs)
+                    .then_some(e.secs_per_byte * books.mean_bytes)
             })
             .collect()
     }
@@ -83,18 +111,21 @@ mod tests {
         times.observe(std::iter::once(name), now)[0]
     }
 
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
     #[test]
     fn needs_a_few_samples_then_follows_the_average() {
         let times = ServiceTimes::default();
         let t0 = Instant::now();
-        times.record("gpu0", Duration::from_secs(2), t0);
-        times.record("gpu0", Duration::from_secs(2), t0);
+        times.record("gpu0", Duration::from_secs(2), 1000, t0);
+        times.record("gpu0", Duration::from_secs(2), 1000, t0);
         assert_eq!(observe_one(&times, "gpu0", t0), None);
-        times.record("gpu0", Duration::from_secs(2), t0);
-        let seen = observe_one(&times, "gpu0", t0).unwrap();
-        assert!((seen - 2.0).abs() < 1e-9);
-        for _ in 0..30 {
-            times.record("gpu0", Duration::from_secs(4), t0);
+        times.record("gpu0", Duration::from_secs(2), 1000, t0);
+        assert!(close(observe_one(&times, "gpu0", t0).unwrap(), 2.0));
+        for _ in 0..40 {
+            times.record("gpu0", Duration::from_secs(4), 1000, t0);
         }
         let seen = observe_one(&times, "gpu0", t0).unwrap();
         assert!((seen - 4.0).abs() < 0.01, "{seen}");
@@ -102,20 +133,47 @@ mod tests {
     }
 
     #[test]
-    fn old_estimates_are_forgotten() {
+    fn job_size_does_not_make_identical_backends_look_different() {
+        let times = ServiceTimes::default();
+        let t0 = Instant::now();
+        // Same speed (1 ms per byte); gpu0 happened to get small jobs, gpu1 big ones.
+        for _ in 0..3 {
+            times.record("gpu0", Duration::from_millis(100), 100, t0);
+            times.record("gpu1", Duration::from_millis(300), 300, t0);
+        }
+        // gpu2 is twice as slow per byte.
+        for _ in 0..3 {
+            times.record("gpu2", Duration::from_millis(400), 200, t0);
+        }
+        let seen: Vec<f64> = times
+            .observe(["gpu0", "gpu1", "gpu2"].into_iter(), t0)
+            .into_iter()
+            .map(Option::unwrap)
+            .collect();
+        assert!(close(seen[0], seen[1]), "{seen:?}");
+        assert!(close(seen[2], 2.0 * seen[0]), "{seen:?}");
+        // Estimates are for a request of the class's mean size (between 100 and 300 bytes).
+        assert!((0.1..0.3).contains(&seen[0]), "{seen:?}");
+    }
+
+    #[test]
+    fn empty_bodies_are_ignored_and_old_estimates_forgotten() {
         let times = ServiceTimes::default();
         let t0 = Instant::now();
         for _ in 0..5 {
-            times.record("gpu0", Duration::from_secs(1), t0);
+            times.record("gpu0", Duration::from_secs(1), 0, t0);
+        }
+        assert_eq!(observe_one(&times, "gpu0", t0), None);
+        for _ in 0..5 {
+            times.record("gpu0", Duration::from_secs(1), 10, t0);
         }
         assert!(observe_one(&times, "gpu0", t0 + MAX_AGE).is_some());
         let stale = t0 + MAX_AGE + Duration::from_secs(1);
         assert_eq!(observe_one(&times, "gpu0", stale), None);
         // A sample after that starts over rather than averaging with the stale value.
-        times.record("gpu0", Duration::from_secs(9), stale);
-        times.record("gpu0", Duration::from_secs(9), stale);
-        times.record("gpu0", Duration::from_secs(9), stale);
-        let seen = observe_one(&times, "gpu0", stale).unwrap();
-        assert!((seen - 9.0).abs() < 1e-9);
+        for _ in 0..3 {
+            times.record("gpu0", Duration::from_secs(9), 10, stale);
+        }
+        assert!(close(observe_one(&times, "gpu0", stale).unwrap(), 9.0));
     }
 }

@@ -3,25 +3,28 @@
 use super::ctx::RequestCtx;
 use crate::access_log::{self, AccessRecord};
 use crate::error::ProxyError;
-use crate::registry::Snapshot;
 use pingora::prelude::*;
 use pingora::proxy::Session;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// Feeds a successful request's time on its backend to speed-aware placement (every class
-/// records: a class placed by speed borrows what the others measured of a backend).
-fn record_service_time(
-    snapshot: &Snapshot,
-    class: usize,
-    backend: &str,
-    status: u16,
-    took: Duration,
-    now: Instant,
-) {
-    if let Some(class) = snapshot.classes.get(class) {
-        if (200..300).contains(&status) {
-            class.state.service_times.record(backend, took, now);
-        }
+/// Feeds a successful request's time on its backend, and its size, to speed-aware placement
+/// (every class records: a class placed by speed borrows what the others measured of a backend).
+fn record_service_time(session: &Session, ctx: &RequestCtx, now: Instant) {
+    let (Some(snapshot), Some(backend), Some(leased_at)) =
+        (&ctx.snapshot, ctx.backend, ctx.leased_at)
+    else {
+        return;
+    };
+    if let (Some(class), Some(backend)) = (
+        snapshot.classes.get(ctx.class),
+        snapshot.backends.get(backend),
+    ) {
+        class.state.service_times.record(
+            &backend.state.name,
+            now.saturating_duration_since(leased_at),
+            session.body_bytes_sent() as u64,
+            now,
+        );
     }
 }
 
@@ -48,10 +51,8 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
     if let Some(class) = &ctx.class_metrics {
         class.request_finished(backend, status, duration, ttfb);
     }
-    if let (Some(snapshot), Some(backend), Some(leased_at), None, None) =
-        (snapshot, backend, ctx.leased_at, &ctx.failure, e)
-    {
-        record_service_time(snapshot, ctx.class, backend, status, now - leased_at, now);
+    if ctx.failure.is_none() && e.is_none() && (200..300).contains(&status) {
+        record_service_time(session, ctx, now);
     }
     if !access_log {
         return;

@@ -1,7 +1,7 @@
 //! Choosing a backend for a request and feeding attempt outcomes to outlier ejection.
 
 use super::speed::PoolSpeeds;
-use super::{Class, Snapshot};
+use super::{Class, Pool, Snapshot};
 use crate::backend::{Grant, Lease};
 use crate::balance::{self, Candidate, REFERENCE_SPEED};
 use crate::config::{Guards, Placement};
@@ -68,26 +68,8 @@ impl Snapshot {
                 c
             })
             .collect();
-        let speeds = (class.placement != Placement::LeastLoaded).then(|| {
-            let observe = |c: &Class| {
-                let names = members
-                    .iter()
-                    .map(|&i| self.backends[i].state.name.as_str());
-                c.state.service_times.observe(names, now)
-            };
-            let others: Vec<_> = self
-                .classes
-                .iter()
-                .filter(|c| !Arc::ptr_eq(&c.state, &class.state))
-                .map(observe)
-                .collect();
-            let eligible: Vec<bool> = candidates.iter().map(|c| c.eligible).collect();
-            let speeds = PoolSpeeds::new(&observe(class), &others, &eligible);
-            for (member, c) in candidates.iter_mut().enumerate() {
-                c.slowness_milli = speeds.slowness_milli(member);
-            }
-            speeds
-        });
+        let speeds = (class.placement != Placement::LeastLoaded)
+            .then(|| self.pool_speeds(pool, class, &mut candidates, now));
         let mut rng = rand::rng();
         // Each failed acquire (another request took the last slot) removes one candidate.
         for _ in 0..candidates.len() {
@@ -117,6 +99,30 @@ impl Snapshot {
             candidates[chosen].eligible = false;
         }
         Err(Miss::Full)
+    }
+
+    /// What was measured of `class` on each member of `pool` (borrowing from the other classes
+    /// where it has no estimate); sets each candidate's slowness from it.
+    fn pool_speeds(
+        &self,
+        pool: &Pool,
+        class: &Class,
+        candidates: &mut [Candidate],
+        now: Instant,
+    ) -> PoolSpeeds {
+        let observe = |c: &Class| c.state.service_times.observe(self.member_names(pool), now);
+        let others: Vec<_> = self
+            .classes
+            .iter()
+            .filter(|c| !Arc::ptr_eq(&c.state, &class.state))
+            .map(observe)
+            .collect();
+        let eligible: Vec<bool> = candidates.iter().map(|c| c.eligible).collect();
+        let speeds = PoolSpeeds::new(&observe(class), &others, &eligible);
+        for (member, c) in candidates.iter_mut().enumerate() {
+            c.slowness_milli = speeds.slowness_milli(member);
+        }
+        speeds
     }
 
     /// A backend slot for class `class`: its own pool first, then its fallback pool. A request
