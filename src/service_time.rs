@@ -20,6 +20,15 @@ const MIN_SAMPLES: u32 = 3;
 /// An estimate with no new sample for this long is forgotten (the backend may have changed).
 const MAX_AGE: Duration = Duration::from_secs(120);
 
+/// What has been measured of a class on one backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// Expected service time of a request of the class's mean size, in seconds.
+    pub secs: f64,
+    /// Samples behind it (recent ones weigh most).
+    pub samples: u32,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Estimate {
     /// Moving average of seconds per response byte.
@@ -91,13 +100,16 @@ impl ServiceTimes {
         &self,
         backends: impl Iterator<Item = &'a str>,
         now: Instant,
-    ) -> Vec<Option<f64>> {
+    ) -> Vec<Option<Measured>> {
         let books = self.books.lock().unwrap_or_else(|e| e.into_inner());
         backends
             .map(|name| {
                 let e = books.by_backend.get(name)?;
                 (e.samples >= MIN_SAMPLES && now.saturating_duration_since(e.last) <= MAX_AGE)
-                    .then_some(e.secs_per_byte * books.mean_bytes)
+                    .then_some(Measured {
+                        secs: e.secs_per_byte * books.mean_bytes,
+                        samples: e.samples,
+                    })
             })
             .collect()
     }
@@ -108,7 +120,7 @@ mod tests {
     use super::*;
 
     fn observe_one(times: &ServiceTimes, name: &str, now: Instant) -> Option<f64> {
-        times.observe(std::iter::once(name), now)[0]
+        times.observe(std::iter::once(name), now)[0].map(|m| m.secs)
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -148,7 +160,7 @@ mod tests {
         let seen: Vec<f64> = times
             .observe(["gpu0", "gpu1", "gpu2"].into_iter(), t0)
             .into_iter()
-            .map(Option::unwrap)
+            .map(|m| m.unwrap().secs)
             .collect();
         assert!(close(seen[0], seen[1]), "{seen:?}");
         assert!(close(seen[2], 2.0 * seen[0]), "{seen:?}");

@@ -104,10 +104,15 @@ async fn service_times_are_measured_and_shown_per_backend() {
 async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
     let (_workers, proxy) = uneven_pair("earliest_finish").await;
     measure_both(&proxy).await;
-    // Three at once: one starts on w0; waiting for w0 (100 ms per request) beats starting on
-    // w1 (800 ms), so the other two wait for it rather than take w1's free slot.
-    let served = burst(&proxy, 3).await;
-    assert_eq!(count(&served, "w0"), 3, "served by {served:?}");
+    // Three at once, three times: one starts on w0; waiting for w0 (100 ms per request)
+    // beats starting on w1 (800 ms), so the other two wait for it rather than take w1's free
+    // slot. (Under least_loaded each round puts one on w1; one stray, such as a retry after a
+    // failed reuse of a pooled connection to w0, is tolerated.)
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        served.extend(burst(&proxy, 3).await);
+    }
+    assert!(count(&served, "w1") <= 1, "served by {served:?}");
     // Sixteen at once: w0 cannot drain that queue in the 700 ms w1 would lose, so w1 helps.
     let served = burst(&proxy, 16).await;
     assert!(count(&served, "w1") >= 1, "w1 never used: {served:?}");
@@ -120,11 +125,14 @@ async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_loaded_uses_the_free_slow_backend_at_once() {
-    // The same three requests under the default placement: the free slot on w1 is taken.
+    // The same rounds under the default placement: the free slot on w1 is taken each time.
     let (_workers, proxy) = uneven_pair("least_loaded").await;
     measure_both(&proxy).await;
-    let served = burst(&proxy, 3).await;
-    assert!(count(&served, "w1") >= 1, "served by {served:?}");
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        served.extend(burst(&proxy, 3).await);
+    }
+    assert!(count(&served, "w1") >= 3, "served by {served:?}");
     proxy.wait_idle().await;
 }
 

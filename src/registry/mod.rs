@@ -106,7 +106,7 @@ impl Snapshot {
         let measured = class.state.service_times.observe(names.clone(), now);
         names
             .zip(measured)
-            .filter_map(|(name, secs)| Some((name, secs?)))
+            .filter_map(|(name, measured)| Some((name, measured?.secs)))
             .collect()
     }
 

@@ -2,11 +2,15 @@
 //! to the pool's fastest, and the decision to hold a request for a faster backend.
 
 use crate::balance::{Candidate, REFERENCE_SPEED};
+use crate::service_time::Measured;
 
 /// A backend counts as faster than another when the other takes at least this much longer.
 const CLEARLY_FASTER: f64 = 1.25;
 /// Slowness is capped here (16x), so one very slow measurement cannot zero a backend's share.
 const MAX_SLOWNESS_MILLI: f64 = 16.0 * REFERENCE_SPEED as f64;
+
+/// Samples of one class beyond this add no more weight to its say on a backend's speed.
+const MAX_WEIGHT: u32 = 50;
 
 /// What placement knows of each member of a pool for one class, in member order.
 #[derive(Debug)]
@@ -22,33 +26,61 @@ impl PoolSpeeds {
     /// same members (`others`), one entry per member in each. The fastest is taken over
     /// `eligible` members (a backend that is down does not set the pace).
     ///
-    /// A member this class has not measured yet borrows its relative speed from the other
-    /// classes: a half-speed GPU is seen as such from its short requests long before its
-    /// first long job finishes.
-    pub fn new(own: &[Option<f64>], others: &[Vec<Option<f64>>], eligible: &[bool]) -> Self {
-        let own_ratios = ratios(own, eligible);
-        let other_ratios: Vec<Vec<Option<f64>>> =
-            others.iter().map(|o| ratios(o, eligible)).collect();
-        let fastest = fastest_secs(own, eligible);
-        let mut speeds = PoolSpeeds {
-            secs: Vec::with_capacity(own.len()),
-            ratios: Vec::with_capacity(own.len()),
-        };
-        for (member, observed) in own.iter().enumerate() {
-            let borrowed = || {
-                let known: Vec<f64> = other_ratios
-                    .iter()
-                    .filter_map(|r| r.get(member).copied().flatten())
-                    .collect();
-                (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64)
+    /// How much slower a member is than the fastest is taken from every class, each weighted
+    /// by its samples there: a GPU at half speed is half as fast for every class, and a class
+    /// of many short requests sees it long before (and far more steadily than) a class of few
+    /// long jobs. The class's own times set the scale: its expected time on a member is its
+    /// time at the fastest member's speed (averaged over the members it measured) times that
+    /// member's relative slowness.
+    pub fn new(
+        own: &[Option<Measured>],
+        others: &[Vec<Option<Measured>>],
+        eligible: &[bool],
+    ) -> Self {
+        let classes: Vec<Vec<Option<f64>>> = std::iter::once(own)
+            .chain(others.iter().map(Vec::as_slice))
+            .map(|class| ratios(class, eligible))
+            .collect();
+        let weight = |class: usize, member: usize| {
+            let measured = if class == 0 {
+                own.get(member)
+            } else {
+                others[class - 1].get(member)
             };
-            let ratio = own_ratios[member].or_else(borrowed);
-            speeds
-                .secs
-                .push(observed.or_else(|| Some(fastest? * ratio?)));
-            speeds.ratios.push(ratio.unwrap_or(1.0));
+            measured
+                .copied()
+                .flatten()
+                .map_or(0.0, |m| f64::from(m.samples.min(MAX_WEIGHT)))
+        };
+        let ratios: Vec<Option<f64>> = (0..own.len())
+            .map(|member| {
+                let (sum, weights) = classes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(class, r)| {
+                        Some((r.get(member).copied().flatten()?, weight(class, member)))
+                    })
+                    .fold((0.0, 0.0), |(sum, weights), (ratio, w)| {
+                        (sum + ratio * w, weights + w)
+                    });
+                (weights > 0.0).then(|| sum / weights)
+            })
+            .collect();
+        // The class's own time at the fastest speed: each measured member's time divided by
+        // its slowness, weighted by samples.
+        let (sum, weights) = own
+            .iter()
+            .zip(&ratios)
+            .filter_map(|(m, ratio)| Some((m.as_ref()?, (*ratio)?)))
+            .fold((0.0, 0.0), |(sum, weights), (m, ratio)| {
+                let w = f64::from(m.samples.min(MAX_WEIGHT));
+                (sum + m.secs / ratio * w, weights + w)
+            });
+        let base = (weights > 0.0).then(|| sum / weights);
+        PoolSpeeds {
+            secs: ratios.iter().map(|r| Some(base? * (*r)?)).collect(),
+            ratios: ratios.iter().map(|r| r.unwrap_or(1.0)).collect(),
         }
-        speeds
     }
 
     /// How much slower than the fastest member `member` is, in thousandths; members with no
@@ -90,29 +122,29 @@ impl PoolSpeeds {
     }
 }
 
-/// The shortest measured service time among eligible members.
-fn fastest_secs(observed: &[Option<f64>], eligible: &[bool]) -> Option<f64> {
-    observed
+/// Each member's measured service time relative to the fastest eligible member's.
+fn ratios(observed: &[Option<Measured>], eligible: &[bool]) -> Vec<Option<f64>> {
+    let fastest = observed
         .iter()
         .zip(eligible)
         .filter(|(_, eligible)| **eligible)
-        .filter_map(|(secs, _)| *secs)
+        .filter_map(|(m, _)| m.map(|m| m.secs))
         .filter(|secs| *secs > 0.0)
-        .reduce(f64::min)
-}
-
-/// Each member's measured service time relative to the fastest eligible member's.
-fn ratios(observed: &[Option<f64>], eligible: &[bool]) -> Vec<Option<f64>> {
-    let fastest = fastest_secs(observed, eligible);
+        .reduce(f64::min);
     observed
         .iter()
-        .map(|secs| Some((*secs)? / fastest?))
+        .map(|m| Some(m.as_ref()?.secs / fastest?))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A measurement with plenty of samples.
+    fn m(secs: f64) -> Option<Measured> {
+        Some(Measured { secs, samples: 10 })
+    }
 
     fn cand(outstanding: u32) -> Candidate {
         Candidate {
@@ -128,7 +160,7 @@ mod tests {
     #[test]
     fn slowness_is_relative_to_the_fastest_eligible_member() {
         let speeds = PoolSpeeds::new(
-            &[Some(2.0), Some(4.0), None, Some(1.0)],
+            &[m(2.0), m(4.0), None, m(1.0)],
             &[],
             &[true, true, true, false],
         );
@@ -145,7 +177,7 @@ mod tests {
     fn holds_while_the_fast_members_drain_the_queue_sooner() {
         // Member 1 takes 14 s, members 0 and 2 take 7 s with 7 in flight each: they free about
         // one slot a second each, so about 14 in the 7 s that member 1 would lose.
-        let speeds = PoolSpeeds::new(&[Some(7.0), Some(14.0), Some(7.0)], &[], &[true; 3]);
+        let speeds = PoolSpeeds::new(&[m(7.0), m(14.0), m(7.0)], &[], &[true; 3]);
         let mut full = cand(7);
         full.max_outstanding = 7;
         let pool = [full, cand(2), full];
@@ -169,8 +201,8 @@ mod tests {
     fn an_unmeasured_member_borrows_its_relative_speed_from_other_classes() {
         // The long class has measured only the fast members; the short class saw member 1
         // take twice as long as member 0.
-        let own = [Some(7.0), None, Some(7.0)];
-        let short_class = vec![vec![Some(1.0), Some(2.0), None]];
+        let own = [m(7.0), None, m(7.0)];
+        let short_class = vec![vec![m(1.0), m(2.0), None]];
         let speeds = PoolSpeeds::new(&own, &short_class, &[true; 3]);
         assert_eq!(speeds.slowness_milli(1), 2000);
         assert_eq!(speeds.slowness_milli(2), 1000);
@@ -186,18 +218,37 @@ mod tests {
     }
 
     #[test]
+    fn relative_speed_pools_every_class_by_its_samples() {
+        // Three long jobs made member 1 look only 1.3x slower; fifty short requests on each
+        // member say 2x. The pooled view is close to 2x, and the long class keeps its scale.
+        let few = |secs| Some(Measured { secs, samples: 3 });
+        let many = |secs| Some(Measured { secs, samples: 50 });
+        let speeds = PoolSpeeds::new(
+            &[few(4.0), few(5.2)],
+            &[vec![many(1.0), many(2.0)]],
+            &[true; 2],
+        );
+        let slowness = speeds.slowness_milli(1);
+        assert!((1950..=1970).contains(&slowness), "{slowness}");
+        let fast = speeds.secs[0].unwrap();
+        let slow = speeds.secs[1].unwrap();
+        assert!((3.2..3.5).contains(&fast), "{fast}");
+        assert!((slow / fast - 1.96).abs() < 0.01, "{slow} / {fast}");
+    }
+
+    #[test]
     fn no_wait_without_measurements_or_a_clear_difference() {
         let mut full = cand(8);
         full.max_outstanding = 8;
-        let unmeasured = PoolSpeeds::new(&[None, Some(14.0)], &[], &[true; 2]);
+        let unmeasured = PoolSpeeds::new(&[None, m(14.0)], &[], &[true; 2]);
         assert!(!unmeasured.should_hold(1, &[full, cand(0)], 1));
         // 8 s against 7 s is within the noise of a measurement: no waiting.
-        let close = PoolSpeeds::new(&[Some(7.0), Some(8.0)], &[], &[true; 2]);
+        let close = PoolSpeeds::new(&[m(7.0), m(8.0)], &[], &[true; 2]);
         assert!(!close.should_hold(1, &[full, cand(0)], 1));
         // A faster member that is full of nothing (its cap is 0): no slot will free there.
         let mut closed = cand(0);
         closed.max_outstanding = 0;
-        let fast = PoolSpeeds::new(&[Some(7.0), Some(14.0)], &[], &[true; 2]);
+        let fast = PoolSpeeds::new(&[m(7.0), m(14.0)], &[], &[true; 2]);
         assert!(!fast.should_hold(1, &[closed, cand(0)], 1));
     }
 }
