@@ -47,6 +47,15 @@ async fn burst(proxy: &Proxy, count: usize) -> Vec<String> {
     futures_util::future::join_all(requests).await
 }
 
+/// Three bursts of three requests, one after the other; the workers that answered.
+async fn three_rounds_of_three(proxy: &Proxy) -> Vec<String> {
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        served.extend(burst(proxy, 3).await);
+    }
+    served
+}
+
 /// The class's measured service times from `/status`.
 async fn service_seconds(proxy: &Proxy) -> Value {
     proxy.status().await["classes"][0]["service_seconds"].clone()
@@ -108,10 +117,7 @@ async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
     // beats starting on w1 (2 s), so the other two wait for it rather than take w1's free
     // slot. (Under least_loaded each round puts one on w1; one stray, such as a retry after a
     // failed reuse of a pooled connection to w0, is tolerated.)
-    let mut served = Vec::new();
-    for _ in 0..3 {
-        served.extend(burst(&proxy, 3).await);
-    }
+    let served = three_rounds_of_three(&proxy).await;
     assert!(
         count(&served, "w1") <= 1,
         "served by {served:?}; measured {}",
@@ -132,10 +138,7 @@ async fn least_loaded_uses_the_free_slow_backend_at_once() {
     // The same rounds under the default placement: the free slot on w1 is taken each time.
     let (_workers, proxy) = uneven_pair("least_loaded").await;
     measure_both(&proxy).await;
-    let mut served = Vec::new();
-    for _ in 0..3 {
-        served.extend(burst(&proxy, 3).await);
-    }
+    let served = three_rounds_of_three(&proxy).await;
     assert!(count(&served, "w1") >= 3, "served by {served:?}");
     proxy.wait_idle().await;
 }

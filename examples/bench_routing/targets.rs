@@ -179,29 +179,27 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     );
     let _ = writeln!(y, "    fairness: {{policy: equal_share}}");
     if k.interactive_placement == "speed_weighted" {
-        let _ = writeln!(
-            y,
-            "    # Weights divided by measured slowness: the half-speed worker gets fewer"
+        comment(
+            &mut y,
+            &[
+                "Weights divided by measured slowness: the half-speed worker gets fewer",
+                "streams, which there hold a slot twice as long.",
+            ],
         );
-        let _ = writeln!(y, "    # streams, which there hold a slot twice as long.");
     }
     if k.interactive_placement != "least_loaded" {
         let _ = writeln!(y, "    placement: {}", k.interactive_placement);
     }
     if k.interactive_guard_queue >= 0.0 {
-        let _ = writeln!(
-            y,
-            "    # Skip a worker whose own queue holds more than this (a request counts as"
+        comment(
+            &mut y,
+            &[
+                "Skip a worker whose own queue holds more than this (a request counts as",
+                "waiting until the worker's next step, so 0 would trip on healthy workers)",
+                "or, when given, whose KV cache is fuller than max_kv_cache (a request that",
+                "does not fit waits in the worker's FIFO).",
+            ],
         );
-        let _ = writeln!(
-            y,
-            "    # waiting until the worker's next step, so 0 would trip on healthy workers)"
-        );
-        let _ = writeln!(
-            y,
-            "    # or, when given, whose KV cache is fuller than max_kv_cache (a request that"
-        );
-        let _ = writeln!(y, "    # does not fit waits in the worker's FIFO).");
         let kv = if k.interactive_guard_kv >= 0.0 {
             format!(", max_kv_cache: {}", k.interactive_guard_kv)
         } else {
@@ -215,49 +213,37 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     }
     let _ = writeln!(y, "  - name: bulk");
     let _ = writeln!(y, "    pool: fleet");
-    let _ = writeln!(
-        y,
-        "    # Bulk is placed on a worker only while fewer than this share of its"
+    comment(
+        &mut y,
+        &[
+            "Bulk is placed on a worker only while fewer than this share of its",
+            "max_outstanding slots are taken (by any class): the rest is kept for",
+            "interactive. Classes are dispatched in order, so freed slots go to the",
+            "interactive queue first.",
+        ],
     );
-    let _ = writeln!(
-        y,
-        "    # max_outstanding slots are taken (by any class): the rest is kept for"
-    );
-    let _ = writeln!(
-        y,
-        "    # interactive. Classes are dispatched in order, so freed slots go to the"
-    );
-    let _ = writeln!(y, "    # interactive queue first.");
     let _ = writeln!(y, "    backend_share: {}", k.bulk_share);
     if k.bulk_placement == "earliest_finish" {
-        let _ = writeln!(
-            y,
-            "    # The fastest worker with a free slot, by measured service time; a long"
-        );
-        let _ = writeln!(
-            y,
-            "    # job waits for a fast worker rather than start on the half-speed one when"
-        );
-        let _ = writeln!(
-            y,
-            "    # the fast ones are expected to free a slot sooner than it would finish."
+        comment(
+            &mut y,
+            &[
+                "The fastest worker with a free slot, by measured service time; a long",
+                "job waits for a fast worker rather than start on the half-speed one when",
+                "the fast ones are expected to free a slot sooner than it would finish.",
+            ],
         );
     }
     if k.bulk_placement != "least_loaded" {
         let _ = writeln!(y, "    placement: {}", k.bulk_placement);
     }
     if k.bulk_guard_kv >= 0.0 {
-        let _ = writeln!(
-            y,
-            "    # No new bulk job on a worker whose KV cache is fuller than this: a long job"
-        );
-        let _ = writeln!(
-            y,
-            "    # that does not fit waits at the head of the worker's FIFO and blocks"
-        );
-        let _ = writeln!(
-            y,
-            "    # everything behind it (the half-KV gpu2 otherwise)."
+        comment(
+            &mut y,
+            &[
+                "No new bulk job on a worker whose KV cache is fuller than this: a long job",
+                "that does not fit waits at the head of the worker's FIFO and blocks",
+                "everything behind it (the half-KV gpu2 otherwise).",
+            ],
         );
         let _ = writeln!(y, "    guards: {{max_kv_cache: {}}}", k.bulk_guard_kv);
     }
@@ -268,6 +254,13 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     );
     let _ = writeln!(y, "default_class: bulk");
     Ok(y)
+}
+
+/// Writes `lines` as YAML comments at class-key indentation.
+fn comment(y: &mut String, lines: &[&str]) {
+    for line in lines {
+        let _ = writeln!(y, "    # {line}");
+    }
 }
 
 fn nginx_config(s: &Setup, least_conn: bool) -> String {

@@ -133,8 +133,8 @@ pub struct ClassStatus {
     pub latency: LatencyStatus,
     /// How it places requests (`least_loaded`, `speed_weighted`, `earliest_finish`).
     pub placement: Placement,
-    /// Measured mean service time (slot to last byte) per backend of its pool, seconds;
-    /// backends without a usable estimate are left out.
+    /// Expected service time (slot to last byte) of a request of its mean size per backend
+    /// of its pool, seconds, as measured; backends without a usable estimate are left out.
     pub service_seconds: BTreeMap<String, f64>,
 }
 

@@ -50,7 +50,7 @@ impl Live {
         Live {
             queue_depth: vec_of!(IntGaugeVec, r, "gpulb_queue_depth", "Requests waiting in the class queue now.", ["class"]),
             class_outstanding: vec_of!(IntGaugeVec, r, "gpulb_class_outstanding", "Requests of the class in flight now.", ["class"]),
-            service_seconds: vec_of!(GaugeVec, r, "gpulb_service_seconds", "Measured mean time a successful request of the class holds a slot on the backend (speed-aware placement).", ["class", "backend"]),
+            service_seconds: vec_of!(GaugeVec, r, "gpulb_service_seconds", "Expected time a request of the class (of its mean response size) holds a slot on the backend, as measured for speed-aware placement.", ["class", "backend"]),
             outstanding: vec_of!(IntGaugeVec, r, "gpulb_backend_outstanding", "Requests this proxy has in flight on the backend.", ["backend"]),
             healthy: vec_of!(IntGaugeVec, r, "gpulb_backend_healthy", "1 when the backend's active checks pass (or checks are off), else 0.", ["backend"]),
             eligible: vec_of!(IntGaugeVec, r, "gpulb_backend_eligible", "1 when new requests may go to the backend (healthy and not ejected).", ["backend"]),

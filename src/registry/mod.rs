@@ -99,8 +99,8 @@ impl Snapshot {
             .map(|&i| self.backends[i].state.name.as_str())
     }
 
-    /// `class`'s measured mean service time, seconds, on each backend of its pool that has a
-    /// usable estimate.
+    /// `class`'s expected service time, seconds, on each backend of its pool that has a usable
+    /// estimate.
     pub fn service_seconds(&self, class: &Class, now: Instant) -> Vec<(&str, f64)> {
         let names = self.member_names(&self.pools[class.pool]);
         let measured = class.state.service_times.observe(names.clone(), now);

@@ -101,8 +101,8 @@ impl Snapshot {
         Err(Miss::Full)
     }
 
-    /// What was measured of `class` on each member of `pool` (borrowing from the other classes
-    /// where it has no estimate); sets each candidate's slowness from it.
+    /// What was measured of `class` and of the other classes on each member of `pool`; sets
+    /// each candidate's slowness from it.
     fn pool_speeds(
         &self,
         pool: &Pool,

@@ -37,46 +37,28 @@ impl PoolSpeeds {
         others: &[Vec<Option<Measured>>],
         eligible: &[bool],
     ) -> Self {
-        let classes: Vec<Vec<Option<f64>>> = std::iter::once(own)
+        let classes: Vec<&[Option<Measured>]> = std::iter::once(own)
             .chain(others.iter().map(Vec::as_slice))
+            .collect();
+        let class_ratios: Vec<Vec<Option<f64>>> = classes
+            .iter()
             .map(|class| ratios(class, eligible))
             .collect();
-        let weight = |class: usize, member: usize| {
-            let measured = if class == 0 {
-                own.get(member)
-            } else {
-                others[class - 1].get(member)
-            };
-            measured
-                .copied()
-                .flatten()
-                .map_or(0.0, |m| f64::from(m.samples.min(MAX_WEIGHT)))
-        };
         let ratios: Vec<Option<f64>> = (0..own.len())
             .map(|member| {
-                let (sum, weights) = classes
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(class, r)| {
-                        Some((r.get(member).copied().flatten()?, weight(class, member)))
-                    })
-                    .fold((0.0, 0.0), |(sum, weights), (ratio, w)| {
-                        (sum + ratio * w, weights + w)
-                    });
-                (weights > 0.0).then(|| sum / weights)
+                weighted_mean(classes.iter().zip(&class_ratios).filter_map(|(class, r)| {
+                    let measured = class.get(member).copied().flatten()?;
+                    Some((r.get(member).copied().flatten()?, measured))
+                }))
             })
             .collect();
         // The class's own time at the fastest speed: each measured member's time divided by
-        // its slowness, weighted by samples.
-        let (sum, weights) = own
-            .iter()
-            .zip(&ratios)
-            .filter_map(|(m, ratio)| Some((m.as_ref()?, (*ratio)?)))
-            .fold((0.0, 0.0), |(sum, weights), (m, ratio)| {
-                let w = f64::from(m.samples.min(MAX_WEIGHT));
-                (sum + m.secs / ratio * w, weights + w)
-            });
-        let base = (weights > 0.0).then(|| sum / weights);
+        // its slowness.
+        let base = weighted_mean(
+            own.iter()
+                .zip(&ratios)
+                .filter_map(|(m, ratio)| Some((m.as_ref()?.secs / (*ratio)?, (*m)?))),
+        );
         PoolSpeeds {
             secs: ratios.iter().map(|r| Some(base? * (*r)?)).collect(),
             ratios: ratios.iter().map(|r| r.unwrap_or(1.0)).collect(),
@@ -120,6 +102,15 @@ impl PoolSpeeds {
         let time_saved = chosen_secs - fastest;
         faster_rate > 0.0 && (queued as f64) < faster_rate * time_saved
     }
+}
+
+/// The mean of `values`, each weighted by the samples of the measurement behind it.
+fn weighted_mean(values: impl Iterator<Item = (f64, Measured)>) -> Option<f64> {
+    let (sum, weights) = values.fold((0.0, 0.0), |(sum, weights), (value, m)| {
+        let w = f64::from(m.samples.min(MAX_WEIGHT));
+        (sum + value * w, weights + w)
+    });
+    (weights > 0.0).then(|| sum / weights)
 }
 
 /// Each member's measured service time relative to the fastest eligible member's.

@@ -76,3 +76,38 @@ fn apply_keeps_live_state_by_name() {
     drop(held);
     assert_eq!(second.backends[0].state.outstanding.get(), 0);
 }
+
+#[test]
+fn earliest_finish_holds_for_the_fast_backend_without_spilling_and_retries_never_hold() {
+    let yaml = r#"
+health_check: {enabled: false}
+backends:
+  - {name: fast, url: "http://127.0.0.1:9001", max_outstanding: 1}
+  - {name: slow, url: "http://127.0.0.1:9002", max_outstanding: 1}
+  - {name: spare, url: "http://127.0.0.1:9003", max_outstanding: 1}
+pools:
+  - {name: main, backends: [fast, slow]}
+  - {name: overflow, backends: [spare]}
+classes:
+  - {name: jobs, pool: main, fallback_pool: overflow, placement: earliest_finish}
+"#;
+    let snap = Snapshot::build(config(yaml), 1, None);
+    let times = &snap.classes[0].state.service_times;
+    let now = std::time::Instant::now();
+    for _ in 0..3 {
+        times.record("fast", std::time::Duration::from_millis(100), 1000, now);
+        times.record("slow", std::time::Duration::from_millis(800), 1000, now);
+    }
+    let first = snap.grant(0).expect("the fast backend is free");
+    assert_eq!(first.lease.backend, 0);
+    // The fast one frees a slot in ~100 ms; the slow one would lose 700 ms: wait, and do not
+    // spill to the fallback pool either.
+    assert!(snap.grant(0).is_none(), "held for the fast backend");
+    assert_eq!(snap.backends[1].state.outstanding.get(), 0);
+    assert_eq!(snap.backends[2].state.outstanding.get(), 0);
+    // An admitted request's retry takes what is free.
+    let retry = snap.acquire_for_class(0, &[]).expect("retries never hold");
+    assert_eq!(retry.backend, 1);
+    // With both of the main pool full, the fallback pool is used.
+    assert_eq!(snap.grant(0).expect("spills when full").lease.backend, 2);
+}
