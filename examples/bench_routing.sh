@@ -14,7 +14,9 @@
 #                            flood: interactive steady, bulk x5 in the burst windows
 #   SKIP_BUILD=1             use the existing release binaries
 #   OUT=target/bench_routing where runs go (OUT/SCENARIO/seed-N/: configs, CSVs, results.md);
-#                            every table is also appended to OUT/summary.md
+#                            every table is also appended to OUT/summary.md. OUT/SCENARIO is
+#                            emptied first: after its seeds, the figures and verdict pooled over
+#                            them are printed (bench_routing --pooled OUT/SCENARIO)
 set -euo pipefail
 
 SEEDS=${SEEDS:-1 2 3}
@@ -42,6 +44,7 @@ for scenario in $SCENARIOS; do
         flood) flags=(--interactive-burst 1 --bulk-burst 5) ;;
         *) echo "unknown scenario $scenario (spike, flood)" >&2; exit 1 ;;
     esac
+    rm -rf "${OUT:?}/$scenario" # the pooled verdict below reads every seed-N/ under it
     for seed in $SEEDS; do
         echo "[bench_routing.sh] scenario $scenario, seed $seed" >&2
         {
@@ -51,5 +54,10 @@ for scenario in $SCENARIOS; do
                 ${flags[@]+"${flags[@]}"} "$@"
         } | tee -a "$SUMMARY"
     done
+    {
+        echo "## Scenario $scenario, every seed pooled"
+        echo
+        target/release/examples/bench_routing --pooled "$OUT/$scenario"
+    } | tee -a "$SUMMARY"
 done
 echo "[bench_routing.sh] all tables: $SUMMARY" >&2

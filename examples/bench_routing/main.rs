@@ -34,6 +34,7 @@
 //! requests and their tokens divided by the class's span, trace start to its last completion.
 
 mod client;
+mod pooled;
 mod procs;
 mod report;
 mod targets;
@@ -144,7 +145,7 @@ struct Args {
     #[arg(long)]
     gpulb_max_outstanding: Option<usize>,
     /// gpulb bulk class backend_share.
-    #[arg(long, default_value_t = 0.625)]
+    #[arg(long, default_value_t = 0.75)]
     bulk_share: f64,
     /// gpulb bulk class placement (least_loaded, speed_weighted, earliest_finish).
     #[arg(long, default_value = "earliest_finish")]
@@ -197,6 +198,10 @@ struct Args {
     /// Run directory root; results go to DIR/seed-N/.
     #[arg(long, default_value = "target/bench_routing")]
     out_dir: PathBuf,
+    /// Runs nothing: prints the figures and the target verdict pooled over every `seed-N/` run
+    /// under this directory (a scenario's --out-dir), read from their per-request CSVs.
+    #[arg(long)]
+    pooled: Option<PathBuf>,
 }
 
 fn parse_range<T: std::str::FromStr + PartialOrd>(s: &str) -> Result<(T, T), String> {
@@ -546,7 +551,11 @@ fn default_gpulb_bin() -> PathBuf {
 
 fn main() {
     let args = Args::parse();
-    if let Err(e) = run(args) {
+    let result = match &args.pooled {
+        Some(dir) => pooled::report(dir).map(|md| println!("{md}")),
+        None => run(args),
+    };
+    if let Err(e) = result {
         eprintln!("[bench] error: {e}");
         procs::kill_all_live();
         std::process::exit(1);

@@ -28,7 +28,7 @@ pub struct TargetRun {
 }
 
 /// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> Option<f64> {
+pub fn pct(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }

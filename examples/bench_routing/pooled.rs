@@ -1,0 +1,246 @@
+//! The target verdict over every seed of a scenario at once, read back from the per-request CSVs.
+//!
+//! One run's interactive p99 is its 2nd or 3rd slowest request and its bulk completed/s hinges on
+//! its last bulk completion, so single runs swing widely. Pooling the seeds gives a p99 over
+//! every interactive request of the scenario and a completed/s over the summed spans.
+
+use crate::report::pct;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One request as the CSV has it (ok requests only matter here).
+struct Row {
+    interactive: bool,
+    ok: bool,
+    ttft: Option<f64>,
+    end: f64,
+    e2e: f64,
+}
+
+fn parse_csv(text: &str, path: &Path) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| -> Result<f64, String> {
+            f.get(i)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{}: line {}: bad field {i}", path.display(), n + 1))
+        };
+        if f.len() < 10 {
+            return Err(format!(
+                "{}: line {}: {} fields, want 10",
+                path.display(),
+                n + 1,
+                f.len()
+            ));
+        }
+        let (at, e2e) = (num(3)?, num(6)?);
+        rows.push(Row {
+            interactive: f[1] == "interactive",
+            ok: f[4] == "ok",
+            ttft: f[5].parse().ok(),
+            end: at + e2e,
+            e2e,
+        });
+    }
+    Ok(rows)
+}
+
+/// One target's figures over one seed, or pooled over several.
+#[derive(Default, Clone)]
+struct Figures {
+    ttft: Vec<f64>,
+    bulk_ok: usize,
+    bulk_span: f64,
+    bulk_e2e: Vec<f64>,
+}
+
+impl Figures {
+    fn from_rows(rows: &[Row]) -> Figures {
+        let ok = rows.iter().filter(|r| r.ok);
+        let mut ttft: Vec<f64> = ok
+            .clone()
+            .filter(|r| r.interactive)
+            .filter_map(|r| r.ttft)
+            .collect();
+        ttft.sort_by(f64::total_cmp);
+        let bulk: Vec<&Row> = ok.filter(|r| !r.interactive).collect();
+        Figures {
+            ttft,
+            bulk_ok: bulk.len(),
+            bulk_span: bulk.iter().map(|r| r.end).fold(0.0, f64::max),
+            bulk_e2e: bulk.iter().map(|r| r.e2e).collect(),
+        }
+    }
+
+    fn add(&mut self, other: &Figures) {
+        self.ttft.extend_from_slice(&other.ttft);
+        self.ttft.sort_by(f64::total_cmp);
+        self.bulk_ok += other.bulk_ok;
+        self.bulk_span += other.bulk_span;
+        self.bulk_e2e.extend_from_slice(&other.bulk_e2e);
+    }
+
+    fn ttft_p99(&self) -> f64 {
+        pct(&self.ttft, 0.99).unwrap_or(f64::NAN)
+    }
+
+    fn bulk_per_s(&self) -> f64 {
+        if self.bulk_span > 0.0 {
+            self.bulk_ok as f64 / self.bulk_span
+        } else {
+            0.0
+        }
+    }
+
+    fn bulk_e2e_mean(&self) -> f64 {
+        self.bulk_e2e.iter().sum::<f64>() / self.bulk_e2e.len().max(1) as f64
+    }
+}
+
+/// gpulb's ratios against the best baseline of `figures` (target name -> figures): interactive
+/// p99 TTFT (lower is better), bulk completed/s and bulk mean E2E, with the baselines' names.
+fn ratios(figures: &BTreeMap<String, Figures>) -> Option<[(f64, String); 3]> {
+    let g = figures.get("gpulb")?;
+    let peers = figures.iter().filter(|(n, _)| *n != "gpulb");
+    let best = |key: &dyn Fn(&Figures) -> f64, lower: bool| {
+        peers
+            .clone()
+            .map(|(n, f)| (key(f), n.clone()))
+            .reduce(|a, b| if (b.0 < a.0) == lower { b } else { a })
+    };
+    let (ttft, ttft_by) = best(&Figures::ttft_p99, true)?;
+    let (bulk, bulk_by) = best(&Figures::bulk_per_s, false)?;
+    let (mean, mean_by) = best(&Figures::bulk_e2e_mean, true)?;
+    Some([
+        (g.ttft_p99() / ttft, ttft_by),
+        (g.bulk_per_s() / bulk, bulk_by),
+        (g.bulk_e2e_mean() / mean, mean_by),
+    ])
+}
+
+/// The pooled table and verdict for the runs under `dir` (a scenario's `--out-dir`: `seed-N/`
+/// directories holding `TARGET-requests.csv`), as markdown.
+pub fn report(dir: &Path) -> Result<String, String> {
+    let read = |p: &Path| std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()));
+    let mut seeds: Vec<_> = read(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+        })
+        .collect();
+    seeds.sort();
+    let mut per_seed: Vec<(String, BTreeMap<String, Figures>)> = Vec::new();
+    for seed in &seeds {
+        let mut figures = BTreeMap::new();
+        for entry in read(seed)?.filter_map(|e| e.ok().map(|e| e.path())) {
+            let name = entry.file_name().map(|n| n.to_string_lossy().into_owned());
+            let Some(target) = name
+                .as_deref()
+                .and_then(|n| n.strip_suffix("-requests.csv"))
+            else {
+                continue;
+            };
+            let text =
+                std::fs::read_to_string(&entry).map_err(|e| format!("{}: {e}", entry.display()))?;
+            figures.insert(
+                target.to_string(),
+                Figures::from_rows(&parse_csv(&text, &entry)?),
+            );
+        }
+        let label = seed
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        per_seed.push((label, figures));
+    }
+    // Pool only targets present in every seed, so each is judged on the same requests.
+    let mut pooled: BTreeMap<String, Figures> = BTreeMap::new();
+    if let Some((_, first)) = per_seed.first() {
+        for name in first.keys() {
+            if per_seed.iter().all(|(_, f)| f.contains_key(name)) {
+                let mut sum = Figures::default();
+                per_seed.iter().for_each(|(_, f)| sum.add(&f[name]));
+                pooled.insert(name.clone(), sum);
+            }
+        }
+    }
+    if pooled.is_empty() {
+        return Err(format!(
+            "no seed-N/TARGET-requests.csv under {}",
+            dir.display()
+        ));
+    }
+    let mut t = String::new();
+    let labels: Vec<&str> = per_seed.iter().map(|(l, _)| l.as_str()).collect();
+    let _ = writeln!(
+        t,
+        "Pooled over {} ({} runs):\n",
+        labels.join(", "),
+        labels.len()
+    );
+    let _ = writeln!(t, "| target | interactive ok | interactive TTFT p99 ms | bulk ok | bulk completed/s (summed spans) | bulk E2E mean s |");
+    let _ = writeln!(t, "|---|--:|--:|--:|--:|--:|");
+    for (name, f) in &pooled {
+        let _ = writeln!(
+            t,
+            "| {name} | {} | {:.0} | {} | {:.3} | {:.2} |",
+            f.ttft.len(),
+            f.ttft_p99() * 1000.0,
+            f.bulk_ok,
+            f.bulk_per_s(),
+            f.bulk_e2e_mean()
+        );
+    }
+    let Some([(ti, ti_by), (tb, tb_by), (tm, tm_by)]) = ratios(&pooled) else {
+        return Ok(t); // no gpulb or no baseline: nothing to judge
+    };
+    let verdict = |met: bool| if met { "MET" } else { "NOT MET" };
+    let per_run: Vec<[(f64, String); 3]> = per_seed.iter().filter_map(|(_, f)| ratios(f)).collect();
+    let count =
+        |i: usize, met: &dyn Fn(f64) -> bool| per_run.iter().filter(|r| met(r[i].0)).count();
+    let list = |i: usize| {
+        per_run
+            .iter()
+            .map(|r| format!("{:.3}x", r[i].0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(t, "\nAgainst the target, pooled:\n");
+    let _ = writeln!(
+        t,
+        "- interactive p99 TTFT: gpulb {:.3}x of the best baseline ({ti_by}) (target <= 0.5x): {}",
+        ti,
+        verdict(ti <= 0.5)
+    );
+    let _ = writeln!(
+        t,
+        "- bulk completed/s: gpulb {:.3}x of the best baseline ({tb_by}) (target >= 1x): {}",
+        tb,
+        verdict(tb >= 1.0)
+    );
+    let _ = writeln!(t, "- (not part of the target) bulk mean E2E: gpulb {:.3}x of the best baseline ({tm_by}) (lower is better)", tm);
+    let _ = writeln!(
+        t,
+        "\nPer run (each against the best baseline of that run):\n"
+    );
+    let _ = writeln!(
+        t,
+        "- interactive p99 TTFT: {} (met in {} of {})",
+        list(0),
+        count(0, &|r| r <= 0.5),
+        per_run.len()
+    );
+    let _ = writeln!(
+        t,
+        "- bulk completed/s: {} (met in {} of {})",
+        list(1),
+        count(1, &|r| r >= 1.0),
+        per_run.len()
+    );
+    let _ = writeln!(t, "- bulk mean E2E: {}", list(2));
+    Ok(t)
+}
