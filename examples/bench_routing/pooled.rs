@@ -244,3 +244,80 @@ pub fn report(dir: &Path) -> Result<String, String> {
     let _ = writeln!(t, "- bulk mean E2E: {}", list(2));
     Ok(t)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "index,class,tenant,at_s,status,ttft_s,e2e_s,tokens,worker,lateness_s\n";
+
+    fn figures(lines: &[&str]) -> Figures {
+        let text = format!("{HEAD}{}\n", lines.join("\n"));
+        Figures::from_rows(&parse_csv(&text, Path::new("t.csv")).unwrap())
+    }
+
+    #[test]
+    fn pools_p99_over_all_requests_and_bulk_over_summed_spans() {
+        // Seed A: bulk ends at 10 s (2 ok); seed B: bulk ends at 30 s (1 ok, 1 error).
+        let mut g = figures(&[
+            "0,interactive,a,0.0,ok,0.1,1.0,10,gpu0,0",
+            "1,bulk,x,1.0,ok,9.0,9.0,100,gpu0,0",
+            "2,bulk,x,2.0,ok,8.0,8.0,100,gpu1,0",
+        ]);
+        g.add(&figures(&[
+            "0,interactive,a,0.0,ok,0.3,1.0,10,gpu0,0",
+            "1,interactive,a,0.0,error:timeout,,1.0,0,gpu0,0",
+            "2,bulk,x,5.0,ok,25.0,25.0,100,gpu0,0",
+            "3,bulk,x,6.0,error:short,,40.0,10,gpu0,0",
+        ]));
+        assert_eq!(g.ttft, vec![0.1, 0.3]);
+        assert_eq!(g.ttft_p99(), 0.3);
+        assert_eq!(g.bulk_ok, 3);
+        assert_eq!(g.bulk_span, 40.0);
+        assert!((g.bulk_per_s() - 3.0 / 40.0).abs() < 1e-12);
+        assert!((g.bulk_e2e_mean() - 14.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ratios_take_each_figure_from_its_best_peer() {
+        let mut all = BTreeMap::new();
+        all.insert(
+            "gpulb".to_string(),
+            figures(&[
+                "0,interactive,a,0,ok,0.2,1,1,g,0",
+                "1,bulk,x,0,ok,10,10,1,g,0",
+            ]),
+        );
+        // peer-a: better TTFT; peer-b: better bulk.
+        all.insert(
+            "peer-a".to_string(),
+            figures(&[
+                "0,interactive,a,0,ok,0.4,1,1,g,0",
+                "1,bulk,x,0,ok,20,20,1,g,0",
+            ]),
+        );
+        all.insert(
+            "peer-b".to_string(),
+            figures(&[
+                "0,interactive,a,0,ok,0.8,1,1,g,0",
+                "1,bulk,x,0,ok,8,8,1,g,0",
+            ]),
+        );
+        let got = ratios(&all).unwrap();
+        let want = [(0.5, "peer-a"), (0.8, "peer-b"), (1.25, "peer-b")];
+        for ((ratio, by), (want_ratio, want_by)) in got.iter().zip(want) {
+            assert!(
+                (ratio - want_ratio).abs() < 1e-9 && by == want_by,
+                "{got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_malformed_line_is_an_error_naming_the_file_and_line() {
+        let err = parse_csv(&format!("{HEAD}0,bulk,x\n"), Path::new("t.csv"))
+            .err()
+            .unwrap();
+        assert!(err.contains("t.csv: line 2"), "{err}");
+    }
+}
