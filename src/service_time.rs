@@ -94,6 +94,12 @@ impl ServiceTimes {
         }
     }
 
+    /// Drops what was measured on `backend` (a new server behind the name starts unknown).
+    pub fn forget(&self, backend: &str) {
+        let mut books = self.books.lock().unwrap_or_else(|e| e.into_inner());
+        books.by_backend.remove(backend);
+    }
+
     /// The expected service time in seconds of a request of the class (of its mean size) on
     /// each of `backends`, in order: `None` where too few samples or none recent enough.
     pub fn observe<'a>(

@@ -83,6 +83,17 @@ impl Snapshot {
                 }
             })
             .collect();
+        // A backend whose address changed is a new server: what was measured of the old one
+        // says nothing about it.
+        for moved in backends.iter().filter(|b| {
+            old_backends
+                .get(b.state.name.as_str())
+                .is_some_and(|o| o.addr != b.addr)
+        }) {
+            for class in &classes {
+                class.state.service_times.forget(&moved.state.name);
+            }
+        }
         let default_class = config
             .default_class
             .as_deref()

@@ -111,3 +111,36 @@ classes:
     // With both of the main pool full, the fallback pool is used.
     assert_eq!(snap.grant(0).expect("spills when full").lease.backend, 2);
 }
+
+#[test]
+fn a_reload_that_moves_a_backend_forgets_its_service_times_only() {
+    let known = |snap: &Snapshot, class: &Class| -> Vec<String> {
+        let now = std::time::Instant::now();
+        let times = snap.service_seconds(class, now);
+        times
+            .into_iter()
+            .map(|(name, _)| name.to_string())
+            .collect()
+    };
+    let first = Snapshot::build(config(TWO_CLASSES), 1, None);
+    let now = std::time::Instant::now();
+    for class in &first.classes {
+        for backend in ["a", "b"] {
+            for _ in 0..3 {
+                let took = std::time::Duration::from_millis(100);
+                class.state.service_times.record(backend, took, 1000, now);
+            }
+        }
+    }
+    assert_eq!(known(&first, &first.classes[0]), ["a", "b"]);
+    let moved = TWO_CLASSES.replace("127.0.0.1:9002", "127.0.0.1:9003");
+    let second = Snapshot::build(config(&moved), 2, Some(&first));
+    for class in &second.classes {
+        assert_eq!(known(&second, class), ["a"], "class {}", class.name);
+    }
+    // A reload that moves nothing keeps what was measured.
+    let third = Snapshot::build(config(&moved), 3, Some(&second));
+    for class in &third.classes {
+        assert_eq!(known(&third, class), ["a"], "class {}", class.name);
+    }
+}
