@@ -11,12 +11,17 @@
 #   examples/bench_instructions.sh [GPULB_BINARY ...]
 # With no binary, measures target/release/gpulb (built first). nginx is measured beside them
 # when installed (one process: master_process off, access_log off, upstream keepalive).
-# Knobs: N1=500 N2=2500; FAST_BACKEND=PATH uses that backend binary instead of building it.
+# Knobs: N1=500 N2=2500; FAST_BACKEND=PATH uses that backend binary instead of building it;
+# BACKENDS=N lists the fast backend N times under different names (gpulb scores every member of
+# the pool per request); PLACEMENT=least_loaded|speed_weighted|earliest_finish sets the class's
+# placement (unset: the config has no pools or classes, gpulb's defaults).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N1=${N1:-500}
 N2=${N2:-2500}
+BACKENDS=${BACKENDS:-1}
+PLACEMENT=${PLACEMENT:-}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-instr.XXXXXX")
 chmod 755 "$TMP"
 PIDS=()
@@ -66,14 +71,20 @@ PIDS+=($!)
 wait_port "$BACKEND_PORT"
 
 # Runs "$@" (a proxy listening on $PORT) under callgrind for N requests; prints its Ir total.
+# Stops the script, with the proxy's own output, when the proxy or the load fails.
 count() {
     local n=$1
     shift
-    local out="$TMP/callgrind.$n.out"
-    valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$out" "$@" 2>/dev/null &
+    local out="$TMP/callgrind.$n.out" log="$TMP/proxy.$n.log"
+    valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$out" "$@" >"$log" 2>&1 &
     local pid=$!
-    wait_port "$PORT"
-    python3 "$TMP/load.py" "$PORT" "$n"
+    if ! wait_port "$PORT" || ! python3 "$TMP/load.py" "$PORT" "$n"; then
+        kill -INT "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        echo "$* failed; its output:" >&2
+        tail -n 20 "$log" >&2
+        exit 1
+    fi
     kill -INT "$pid"
     wait "$pid" 2>/dev/null || true
     grep -E '^(summary|totals):' "$out" | head -n1 | awk '{print $2}'
@@ -81,8 +92,8 @@ count() {
 
 per_request() {
     local a b
-    a=$(count "$N1" "$@")
-    b=$(count "$N2" "$@")
+    a=$(count "$N1" "$@") || exit 1
+    b=$(count "$N2" "$@") || exit 1
     echo $(((b - a) / (N2 - N1)))
 }
 
@@ -90,16 +101,23 @@ echo "| target | instructions per request |"
 echo "|---|---:|"
 for bin in "$@"; do
     PORT=$(free_port)
-    cat >"$TMP/gpulb.yaml" <<YAML
-listen: 127.0.0.1:$PORT
-threads: 1
-shutdown_timeout: 1s
-health_check: {enabled: false}
-access_log: {enabled: false}
-backends:
-  - {name: fast0, url: "http://127.0.0.1:$BACKEND_PORT", max_outstanding: 4096}
-YAML
-    echo "| gpulb \`$bin\` | $(RUST_LOG=warn per_request "$bin" serve --config "$TMP/gpulb.yaml") |"
+    {
+        echo "listen: 127.0.0.1:$PORT"
+        echo "threads: 1"
+        echo "shutdown_timeout: 1s"
+        echo "health_check: {enabled: false}"
+        echo "access_log: {enabled: false}"
+        echo "backends:"
+        for i in $(seq 0 $((BACKENDS - 1))); do
+            echo "  - {name: fast$i, url: \"http://127.0.0.1:$BACKEND_PORT\", max_outstanding: 4096}"
+        done
+        if [ -n "$PLACEMENT" ]; then
+            echo "pools: [{name: all, backends: [$(seq -s, -f 'fast%g' 0 $((BACKENDS - 1)))]}]"
+            echo "classes: [{name: all, pool: all, placement: $PLACEMENT}]"
+        fi
+    } >"$TMP/gpulb.yaml"
+    ir=$(RUST_LOG=warn per_request "$bin" serve --config "$TMP/gpulb.yaml")
+    echo "| gpulb \`$bin\` | $ir |"
 done
 if command -v nginx >/dev/null; then
     PORT=$(free_port)
@@ -107,7 +125,8 @@ if command -v nginx >/dev/null; then
     sed -e "s|@LISTEN@|127.0.0.1:$PORT|g" -e "s|@BACKEND@|127.0.0.1:$BACKEND_PORT|g" \
         -e "s|@THREADS@|1|g" -e "s|@DIR@|$TMP/nginx|g" -e "s|@USER@|$(id -un)|g" \
         "$ROOT/examples/bench/nginx.conf.in" >"$TMP/nginx/nginx.conf"
-    echo "| nginx $(nginx -v 2>&1 | sed 's/nginx version: //') | $(per_request nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off; master_process off;') |"
+    ir=$(per_request nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off; master_process off;')
+    echo "| nginx $(nginx -v 2>&1 | sed 's/nginx version: //') | $ir |"
 fi
 echo
-echo "command: $0 $*; N1=$N1 N2=$N2; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"
+echo "command: $0 $*; N1=$N1 N2=$N2 BACKENDS=$BACKENDS PLACEMENT=${PLACEMENT:-(default)}; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"
