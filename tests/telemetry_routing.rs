@@ -42,8 +42,13 @@ async fn gpu_over_the_memory_guard_gets_no_new_requests() {
     );
     let proxy = Proxy::start(&config).await;
     workers[0].set_gpu_memory_override(Some(0.99));
-    eventually(WAIT, "w0 excluded by its memory guard", || async {
-        (!route(&proxy, 5).await.contains(&"w0".to_string())).then_some(())
+    // Wait for the 99% reading itself (five requests that all happen to pick w1 prove nothing).
+    eventually(WAIT, "gpulb to read w0's GPU memory at 99%", || async {
+        let status = proxy.status().await;
+        let gpu = &status["backends"][0]["telemetry"]["gpus"][0];
+        let used = gpu["memory_used_bytes"].as_f64()?;
+        let total = gpu["memory_total_bytes"].as_f64()?;
+        (used / total > 0.95).then_some(())
     })
     .await;
     assert!(route(&proxy, 20).await.iter().all(|w| w == "w1"));
