@@ -6,6 +6,7 @@ use crate::service_time::ServiceTimes;
 use crate::telemetry::Telemetry;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::Notify;
 
 /// An in-flight counter with an optional cap; each unit is held by a [`Slot`].
@@ -154,6 +155,8 @@ pub struct Grant {
 pub struct Lease {
     /// Index of the backend in the snapshot the request runs under.
     pub backend: usize,
+    /// When the slot was taken: the start of the request's service time on the backend.
+    pub taken_at: Instant,
     _slot: Slot,
 }
 
@@ -162,6 +165,7 @@ impl Lease {
     pub fn new(backend: usize, slot: Slot) -> Self {
         Lease {
             backend,
+            taken_at: Instant::now(),
             _slot: slot,
         }
     }

@@ -8,7 +8,6 @@ use crate::registry::Snapshot;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Admits the request of `ctx` into its class: on success the class slot, tenant slot and first
 /// backend lease are in `ctx`. A refusal comes back as the error to answer; a client that left
@@ -40,7 +39,6 @@ pub async fn admit(
             ctx.lease = Some(admitted.lease.lease);
             ctx.tenant_slot = Some(admitted.tenant_slot);
             ctx.queued_for = admitted.queued_for;
-            ctx.leased_at = Some(Instant::now());
             Ok(None)
         }
         Err(shed) => {

@@ -35,8 +35,6 @@ pub struct RequestCtx {
     pub started: Option<Instant>,
     /// Time spent waiting in the class queue.
     pub queued_for: Duration,
-    /// When the current attempt's backend slot was taken.
-    pub leased_at: Option<Instant>,
     /// When the response header arrived from the backend.
     pub first_byte: Option<Instant>,
     /// When the first response body byte went to the client (the first token, when streaming).

@@ -10,18 +10,16 @@ use std::time::Instant;
 /// Feeds a successful request's time on its backend, and its size, to speed-aware placement
 /// (every class records: a class placed by speed borrows what the others measured of a backend).
 fn record_service_time(session: &Session, ctx: &RequestCtx, now: Instant) {
-    let (Some(snapshot), Some(backend), Some(leased_at)) =
-        (&ctx.snapshot, ctx.backend, ctx.leased_at)
-    else {
+    let (Some(snapshot), Some(lease)) = (&ctx.snapshot, &ctx.lease) else {
         return;
     };
     if let (Some(class), Some(backend)) = (
         snapshot.classes.get(ctx.class),
-        snapshot.backends.get(backend),
+        snapshot.backends.get(lease.backend),
     ) {
         class.state.service_times.record(
             &backend.state.name,
-            now.saturating_duration_since(leased_at),
+            now.saturating_duration_since(lease.taken_at),
             session.body_bytes_sent() as u64,
             now,
         );

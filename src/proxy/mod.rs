@@ -93,7 +93,6 @@ impl ProxyHttp for Gpulb {
         if ctx.lease.is_none() {
             // A retry: the failed attempt's lease was released in `fail_to_connect`.
             ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.failed);
-            ctx.leased_at = Some(Instant::now());
             ctx.outcome_reported = false;
         }
         let Some(lease) = &ctx.lease else {
