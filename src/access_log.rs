@@ -12,22 +12,13 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{filter, Layer};
 
+pub use crate::config::AccessLogFormat;
+
 /// The `tracing` target of access-log events.
 pub const TARGET: &str = "gpulb::access";
 
 /// Longest path logged; longer ones are cut (the path is client-chosen).
 const MAX_PATH: usize = 256;
-
-/// How access lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AccessLogFormat {
-    /// One JSON object per line, fields flattened.
-    #[default]
-    Json,
-    /// `tracing`'s human-readable `key=value` text.
-    Text,
-}
 
 /// What is logged about one request.
 #[derive(Debug, Clone, Default)]

@@ -1,28 +1,40 @@
 //! gpulb: a reverse-proxy load balancer for GPU inference fleets.
+//!
+//! # The request path, in five lines
+//!
+//! 1. [`proxy`] (pingora's `ProxyHttp` hooks) loads the current [`routing::Snapshot`] and
+//!    classifies the request into a class ([`routing::classify`]);
+//! 2. [`admission`] admits it: a class slot and a backend lease taken together, or a place in
+//!    the class's fair queue, or a 429/503 ([`error`]);
+//! 3. [`routing`] picks the backend: live candidates ranked and picked by the class's
+//!    [`routing::placement`] over the pure functions of [`routing::balance`];
+//! 4. [`proxy`] forwards the request and streams the answer back; the lease is an RAII guard
+//!    released exactly once however the request ends;
+//! 5. [`metrics`] and [`access_log`] record it; [`view`] reads live state for the
+//!    [`admin`] endpoints (`/status`, `/history`, `/metrics`, the dashboard).
+//!
+//! Beside the request path: [`config`] (a leaf: typed YAML, defaults, validation, compiled
+//! values), [`health`] and [`telemetry`] (what is known of each backend), [`tasks`] (the
+//! background loops that keep those current), [`reload`] (swap a new config in while traffic
+//! flows) and [`server`] (assembles it all). [`tools`] holds the simulated GPU worker, the demo
+//! fleet and the NVML agent.
+
 pub mod access_log;
 pub mod admin;
 pub mod admission;
-pub mod agent;
-pub mod backend;
-pub mod balance;
-pub mod classify;
 pub mod cli;
-pub mod client_watch;
+mod client_watch;
 pub mod config;
-pub mod demo;
-pub mod dispatch;
 pub mod error;
-pub mod headers;
+mod headers;
 pub mod health;
-pub mod history;
-pub mod hostinfo;
+mod hostinfo;
 pub mod metrics;
 pub mod proxy;
-pub mod registry;
 pub mod reload;
+pub mod routing;
 pub mod server;
-pub mod service_time;
-pub mod sim;
-pub mod supervise;
+pub mod tasks;
 pub mod telemetry;
-pub mod telemetry_loop;
+pub mod tools;
+pub mod view;

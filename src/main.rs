@@ -17,6 +17,17 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { config } => match Config::load(&config) {
             Ok(parsed) => {
+                // A name that does not resolve now is no error (the backend waits, unhealthy,
+                // until it does), but the operator should hear of it.
+                for (backend, upstream) in parsed.backends.iter().zip(&parsed.compiled.upstreams) {
+                    if let Err(e) = upstream.resolve() {
+                        eprintln!(
+                            "{}: warning: backends {:?}: {e}; it gets no traffic until it resolves",
+                            config.display(),
+                            backend.name
+                        );
+                    }
+                }
                 println!("{}: ok: {}", config.display(), parsed.summary());
                 Ok(())
             }
@@ -33,14 +44,14 @@ fn main() -> ExitCode {
             listen,
             admin,
             workers,
-        } => gpulb::demo::run(gpulb::demo::DemoOptions {
+        } => gpulb::tools::demo::run(gpulb::tools::demo::DemoOptions {
             listen,
             admin,
             workers: usize::from(workers),
         })
         .map_err(|e| e.to_string()),
         Command::Agent { listen, gpus } => {
-            gpulb::agent::run(gpulb::agent::AgentOptions { listen, gpus })
+            gpulb::tools::agent::run(gpulb::tools::agent::AgentOptions { listen, gpus })
                 .map_err(|e| e.to_string())
         }
     };

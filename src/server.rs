@@ -2,13 +2,10 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
-use crate::dispatch::Dispatcher;
-use crate::health::HealthChecks;
 use crate::proxy::Gpulb;
-use crate::registry::Registry;
 use crate::reload::{text_hash, ReloadService, Reloader};
-use crate::supervise::PerBackend;
-use crate::telemetry_loop::TelemetryPolling;
+use crate::routing::Registry;
+use crate::tasks::{Dispatcher, HealthChecks, PerBackend, TelemetryPolling};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch};
 use pingora::services::background::background_service;
@@ -123,10 +120,10 @@ pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Regis
             None
         });
         let guard_all = !admin.listen.ip().is_loopback();
-        let history = Arc::new(crate::history::History::default());
+        let history = Arc::new(crate::admin::history::History::default());
         server.add_service(background_service(
             "gpulb history",
-            crate::history::HistorySampler::new(
+            crate::admin::history::HistorySampler::new(
                 Arc::clone(&history),
                 Arc::clone(&registry),
                 Arc::clone(&metrics),

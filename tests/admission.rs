@@ -10,7 +10,7 @@ use tokio::io::AsyncWriteExt;
 const WAIT: Duration = Duration::from_secs(15);
 
 /// One worker behind a single class `c` with the given class keys and backend cap.
-async fn one_class(class_keys: &str, cap: u32) -> (Vec<gpulb::sim::SimWorker>, Proxy) {
+async fn one_class(class_keys: &str, cap: u32) -> (Vec<gpulb::tools::sim::SimWorker>, Proxy) {
     let workers = start_workers(1, |_| {}).await;
     let config = format!(
         "{}classes:\n  - {{name: c, pool: default{class_keys}}}\n",

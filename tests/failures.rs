@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use gpulb::sim::Fault;
+use gpulb::tools::sim::Fault;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use gpulb::sim::{Fault, SimWorker, WorkerProfile};
+use gpulb::tools::sim::{Fault, SimWorker, WorkerProfile};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(10);

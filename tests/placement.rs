@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use gpulb::sim::{Fault, SimWorker};
+use gpulb::tools::sim::{Fault, SimWorker};
 use serde_json::Value;
 use std::time::Duration;
 

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use gpulb::agent::{self, GpuSource};
-use gpulb::sim::{SimWorker, WorkerProfile};
 use gpulb::telemetry::nvml::DeviceReading;
 use gpulb::telemetry::{
     poll, scrape, GpuReading, GpuSelector, ServerKind, SourceConfig, SourceKind, Telemetry,
     TelemetryError,
 };
+use gpulb::tools::agent::{self, GpuSource};
+use gpulb::tools::sim::{SimWorker, WorkerProfile};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

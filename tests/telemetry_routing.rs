@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gpulb::sim::SimWorker;
+use gpulb::tools::sim::SimWorker;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ async fn every_backend_over_its_guard_means_waiting_then_shedding_not_blind_send
 async fn stale_telemetry_neither_excludes_nor_favours() {
     let workers = start_workers(2, |_| {}).await;
     // w0's GPU figures come from a separate exporter that will die.
-    let exporter = SimWorker::bind_loopback(gpulb::sim::WorkerProfile::new("exporter"))
+    let exporter = SimWorker::bind_loopback(gpulb::tools::sim::WorkerProfile::new("exporter"))
         .await
         .unwrap();
     exporter.set_gpu_memory_override(Some(0.99));

@@ -11,8 +11,8 @@
 //! or `examples/bench_routing.sh` (build + run over several seeds).
 //!
 //! What it does, in one process:
-//! 1. starts `--workers` simulated GPU workers (`gpulb::sim`) on loopback, uneven like the demo
-//!    fleet (`gpulb::demo::demo_profile`: gpu1 half speed, gpu2 half the KV budget), with
+//! 1. starts `--workers` simulated GPU workers (`gpulb::tools::sim`) on loopback, uneven like the demo
+//!    fleet (`gpulb::tools::demo::demo_profile`: gpu1 half speed, gpu2 half the KV budget), with
 //!    timings slowed down (`--decode-ms` ...) so the fleet, not this harness, is the bottleneck;
 //! 2. generates the trace from `--seed`: Poisson arrivals of interactive (streaming chat,
 //!    `x-priority: interactive`, three tenants 6:3:1) and bulk (long non-streaming completions)
@@ -41,7 +41,7 @@ mod targets;
 mod trace;
 
 use clap::Parser;
-use gpulb::sim::{SimWorker, WorkerProfile};
+use gpulb::tools::sim::{SimWorker, WorkerProfile};
 use procs::{ChildGuard, SelfCpu};
 use report::TargetRun;
 use std::collections::{BTreeMap, HashSet};
@@ -223,7 +223,7 @@ fn range_usize(s: &str) -> Result<(usize, usize), String> {
 /// Worker `i`: the demo fleet's unevenness (relative to `WorkerProfile::new`) applied to the
 /// benchmark's slower base timings.
 fn profile(i: usize, a: &Args) -> WorkerProfile {
-    let demo = gpulb::demo::demo_profile(i);
+    let demo = gpulb::tools::demo::demo_profile(i);
     let base = WorkerProfile::new("base");
     let speed = demo.decode_step.as_secs_f64() / base.decode_step.as_secs_f64();
     let prefill = demo.prefill_per_token.as_secs_f64() / base.prefill_per_token.as_secs_f64();

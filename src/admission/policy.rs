@@ -1,5 +1,6 @@
 //! Queue policy types: how a class's queue is bounded and ordered, and why a request is shed.
 
+use crate::config::{FairnessConfig, FairnessPolicy, QueueConfig};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
@@ -45,6 +46,20 @@ impl Fairness {
     }
 }
 
+impl From<&FairnessConfig> for Fairness {
+    fn from(config: &FairnessConfig) -> Self {
+        match config.policy {
+            FairnessPolicy::BestEffort => Fairness::BestEffort,
+            FairnessPolicy::EqualShare => Fairness::EqualShare,
+            FairnessPolicy::FixedShare => Fairness::FixedShare {
+                weights: config.weights.clone().into_iter().collect(),
+                default_weight: config.default_weight,
+                min_share: config.min_share.clone().into_iter().collect(),
+            },
+        }
+    }
+}
+
 /// Bounds and order of one class's queue; passed per call so a reload applies at once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueuePolicy {
@@ -56,6 +71,22 @@ pub struct QueuePolicy {
     pub fairness: Fairness,
     /// Most requests one tenant may have queued or in flight in this class.
     pub tenant_max_outstanding: Option<u32>,
+}
+
+impl QueuePolicy {
+    /// The queue policy of a class from its config parts.
+    pub fn from_config(
+        queue: &QueueConfig,
+        fairness: &FairnessConfig,
+        tenant_max_outstanding: Option<u32>,
+    ) -> Self {
+        QueuePolicy {
+            max_depth: queue.max_depth,
+            max_wait: queue.max_wait,
+            fairness: fairness.into(),
+            tenant_max_outstanding,
+        }
+    }
 }
 
 /// Why a request was refused.

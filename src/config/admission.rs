@@ -1,7 +1,6 @@
 //! Per-class admission settings: the queue, tenant fairness, spill-over and reserved shares.
 
 use super::{defaults, duration};
-use crate::admission::{Fairness, QueuePolicy};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -66,34 +65,5 @@ impl Default for FairnessConfig {
             default_weight: defaults::tenant_weight(),
             min_share: BTreeMap::new(),
         }
-    }
-}
-
-impl FairnessConfig {
-    /// The admission module's form of this policy.
-    pub fn to_fairness(&self) -> Fairness {
-        match self.policy {
-            FairnessPolicy::BestEffort => Fairness::BestEffort,
-            FairnessPolicy::EqualShare => Fairness::EqualShare,
-            FairnessPolicy::FixedShare => Fairness::FixedShare {
-                weights: self.weights.clone().into_iter().collect(),
-                default_weight: self.default_weight,
-                min_share: self.min_share.clone().into_iter().collect(),
-            },
-        }
-    }
-}
-
-/// The queue policy of a class from its config parts.
-pub fn queue_policy(
-    queue: &QueueConfig,
-    fairness: &FairnessConfig,
-    tenant_max: Option<u32>,
-) -> QueuePolicy {
-    QueuePolicy {
-        max_depth: queue.max_depth,
-        max_wait: queue.max_wait,
-        fairness: fairness.to_fairness(),
-        tenant_max_outstanding: tenant_max,
     }
 }

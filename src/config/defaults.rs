@@ -89,12 +89,23 @@ pub(crate) fn tenant_header() -> String {
 pub(crate) fn access_log_enabled() -> bool {
     true
 }
+/// Distinct tenant label values kept before further tenants fold into `other`.
+pub const MAX_TENANTS: usize = 20;
 pub(crate) fn max_tenants() -> usize {
-    crate::metrics::DEFAULT_MAX_TENANTS
+    MAX_TENANTS
 }
 pub(crate) fn weight() -> u32 {
     1
 }
 pub(crate) fn max_outstanding() -> u32 {
     256
+}
+
+/// Time between two reads of a telemetry source.
+pub(crate) fn telemetry_interval() -> Duration {
+    Duration::from_secs(1)
+}
+/// Longest a read of a telemetry source may take.
+pub(crate) fn telemetry_timeout() -> Duration {
+    Duration::from_millis(500)
 }

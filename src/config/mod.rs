@@ -3,20 +3,26 @@
 //! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
 
 mod admission;
+mod compiled;
 pub mod defaults;
 mod diff;
 pub mod duration;
 mod guards;
 mod health;
 mod process;
+mod telemetry;
 mod validate;
 
-pub use admission::{queue_policy, FairnessConfig, FairnessPolicy, QueueConfig};
+pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
+pub use compiled::{Compiled, MatchRule, ResolveError, Upstream};
 pub use diff::describe_changes;
 pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
-pub use process::{AccessLogConfig, AdminConfig, MetricsConfig, ReloadConfig, Timeouts};
-pub use validate::{backend_addr, ConfigError, ConfigErrors};
+pub use process::{
+    AccessLogConfig, AccessLogFormat, AdminConfig, MetricsConfig, ReloadConfig, Timeouts,
+};
+pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
+pub use validate::{ConfigError, ConfigErrors};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -81,6 +87,9 @@ pub struct Config {
     /// Prometheus metrics settings.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The typed values validation compiled from the keys above (not a key itself).
+    #[serde(skip)]
+    pub compiled: Compiled,
 }
 
 /// One inference worker.
@@ -102,7 +111,7 @@ pub struct BackendConfig {
     pub health_check: HealthCheckOverride,
     /// Where this backend's GPU and load figures are read (several sources merge).
     #[serde(default)]
-    pub telemetry: Vec<crate::telemetry::SourceConfig>,
+    pub telemetry: Vec<SourceConfig>,
 }
 
 /// A named set of backends.
@@ -153,13 +162,13 @@ pub struct ClassConfig {
     pub backend_share: Option<f64>,
     /// How a backend is chosen among those with a free slot, and whether to wait for a faster one.
     #[serde(default)]
-    pub placement: Placement,
+    pub placement: PlacementKind,
 }
 
 /// How a class chooses among the backends of its pool.
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum Placement {
+pub enum PlacementKind {
     /// Least outstanding requests relative to weight.
     #[default]
     LeastLoaded,
@@ -235,7 +244,7 @@ impl Config {
             }
         })?;
         config.fill_implied();
-        config.validate().map_err(LoadError::Invalid)?;
+        config.compiled = config.validate().map_err(LoadError::Invalid)?;
         Ok(config)
     }
 
@@ -260,7 +269,7 @@ impl Config {
                 tenant_max_outstanding: None,
                 fallback_pool: None,
                 backend_share: None,
-                placement: Placement::default(),
+                placement: PlacementKind::default(),
             });
         }
         if self.default_class.is_none() && self.classes.len() == 1 {

@@ -14,7 +14,7 @@ pub struct AccessLogConfig {
     pub enabled: bool,
     /// `json` (one object per line) or `text`.
     #[serde(default)]
-    pub format: crate::access_log::AccessLogFormat,
+    pub format: AccessLogFormat,
 }
 
 impl Default for AccessLogConfig {
@@ -28,7 +28,7 @@ impl Default for AccessLogConfig {
 
 impl AccessLogConfig {
     /// The format to write in, or `None` when the access log is off.
-    pub fn format(&self) -> Option<crate::access_log::AccessLogFormat> {
+    pub fn format(&self) -> Option<AccessLogFormat> {
         self.enabled.then_some(self.format)
     }
 }
@@ -113,4 +113,15 @@ impl Default for Timeouts {
             upstream_keepalive: defaults::upstream_idle_timeout(),
         }
     }
+}
+
+/// How access lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLogFormat {
+    /// One JSON object per line, fields flattened.
+    #[default]
+    Json,
+    /// `tracing`'s human-readable `key=value` text.
+    Text,
 }

@@ -121,17 +121,19 @@ fn several_pools_need_classes() {
 }
 
 #[test]
-fn backend_addr_accepts_host_port_forms() {
+fn backend_urls_parse_to_host_and_port_and_resolve() {
+    let resolve = |url: &str| Upstream::parse(url).unwrap().resolve().unwrap();
     assert_eq!(
-        backend_addr("http://127.0.0.1:9001").unwrap(),
+        resolve("http://127.0.0.1:9001"),
         "127.0.0.1:9001".parse().unwrap()
     );
-    assert_eq!(
-        backend_addr("http://[::1]:9001/").unwrap(),
-        "[::1]:9001".parse().unwrap()
-    );
-    assert_eq!(backend_addr("http://localhost").unwrap().port(), 80);
-    assert!(backend_addr("127.0.0.1:9001").is_err());
+    assert_eq!(resolve("http://[::1]:9001/"), "[::1]:9001".parse().unwrap());
+    assert_eq!(resolve("http://localhost").port(), 80);
+    assert!(Upstream::parse("127.0.0.1:9001").is_err());
+    assert!(Upstream::parse("http://host:port").is_err());
+    let unresolvable = Upstream::parse("http://no-such-host.invalid:8000").unwrap();
+    assert_eq!(unresolvable.to_string(), "no-such-host.invalid:8000");
+    assert!(unresolvable.resolve().is_err());
 }
 
 #[test]
@@ -143,12 +145,12 @@ fn shipped_example_config_is_valid() {
 #[test]
 fn placement_defaults_to_least_loaded_and_a_bad_one_names_the_choices() {
     let config = Config::from_yaml(MINIMAL).unwrap();
-    assert_eq!(config.classes[0].placement, Placement::LeastLoaded);
+    assert_eq!(config.classes[0].placement, PlacementKind::LeastLoaded);
     let classes = |placement: &str| {
         format!("{MINIMAL}classes:\n  - {{name: c, pool: default, placement: {placement}}}\n")
     };
     let config = Config::from_yaml(&classes("earliest_finish")).unwrap();
-    assert_eq!(config.classes[0].placement, Placement::EarliestFinish);
+    assert_eq!(config.classes[0].placement, PlacementKind::EarliestFinish);
     let errors = errors_of(&classes("fastest"));
     assert!(errors[0].starts_with("classes[0].placement"), "{errors:?}");
     assert!(

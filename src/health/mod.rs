@@ -1,7 +1,8 @@
-//! Backend health: active checks on a cadence, passive ejection from live traffic.
+//! Backend health: active check status and passive ejection, and why a backend failed.
+//! The checks themselves run as background tasks ([`crate::tasks`]).
 
-mod checker;
+mod failure;
 mod state;
 
-pub use checker::HealthChecks;
+pub use failure::{AttemptFailure, CheckFailure};
 pub use state::{now_ms, CheckStatus, Ejection, HealthState};

@@ -4,7 +4,7 @@ use super::ctx::RequestCtx;
 use crate::admission::ShedReason;
 use crate::client_watch::client_gone;
 use crate::error::ProxyError;
-use crate::registry::Snapshot;
+use crate::routing::Snapshot;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use std::sync::Arc;

@@ -1,10 +1,10 @@
 //! Per-request state carried through pingora's filters.
 
 use crate::admission::TenantSlot;
-use crate::backend::{Lease, Slot};
 use crate::error::ProxyError;
 use crate::metrics::ClassMetrics;
-use crate::registry::Snapshot;
+use crate::routing::Snapshot;
+use crate::routing::{Lease, Slot};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

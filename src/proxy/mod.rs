@@ -1,5 +1,5 @@
-//! The pingora `ProxyHttp` implementation: filters only, delegating to registry, balance and
-//! headers.
+//! The pingora `ProxyHttp` implementation: hooks only, in pingora's order, delegating to
+//! [`crate::routing`], [`crate::admission`] and the header helpers.
 //!
 //! A request loads the routing snapshot once, in `request_filter`, and keeps it to the end. The
 //! class slot and the backend lease are RAII guards in the request context, so they are released
@@ -14,8 +14,9 @@ pub use ctx::RequestCtx;
 
 use crate::error::ProxyError;
 use crate::headers;
+use crate::health::AttemptFailure;
 use crate::metrics::Metrics;
-use crate::registry::Registry;
+use crate::routing::Registry;
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
@@ -102,8 +103,13 @@ impl ProxyHttp for Gpulb {
         ctx.attempts += 1;
         ctx.backend = Some(lease.backend);
         let backend = &snapshot.backends[lease.backend];
+        let Some(addr) = backend.state.address.get() else {
+            // Its name stopped resolving since the lease was taken (a reload moved it).
+            ctx.failure = Some(ctx.no_backend());
+            return Error::e_explain(ErrorType::HTTPStatus(503), "backend has no address");
+        };
         let timeouts = &snapshot.config.timeouts;
-        let mut peer = HttpPeer::new(backend.addr, false, String::new());
+        let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(timeouts.connect);
         peer.options.read_timeout = Some(timeouts.read);
         peer.options.write_timeout = Some(timeouts.write);
@@ -120,7 +126,7 @@ impl ProxyHttp for Gpulb {
     ) -> Box<Error> {
         if let Some(lease) = ctx.lease.take() {
             if let Some(snapshot) = &ctx.snapshot {
-                snapshot.report(lease.backend, Err(&format!("connect failed: {e}")));
+                snapshot.report(lease.backend, Err(AttemptFailure::Connect(e.to_string())));
             }
             ctx.failed.push(lease.backend);
         }
@@ -167,7 +173,10 @@ impl ProxyHttp for Gpulb {
         if let (Some(lease), Some(snap)) = (&ctx.lease, &ctx.snapshot) {
             let status = upstream_response.status;
             if status.is_server_error() {
-                snap.report(lease.backend, Err(&format!("answered {status}")));
+                snap.report(
+                    lease.backend,
+                    Err(AttemptFailure::ServerError(status.as_u16())),
+                );
             } else {
                 snap.report(lease.backend, Ok(()));
             }
@@ -200,7 +209,7 @@ impl ProxyHttp for Gpulb {
             false,
         ) = (&failure, &ctx.lease, &ctx.snapshot, ctx.outcome_reported)
         {
-            snap.report(lease.backend, Err(cause));
+            snap.report(lease.backend, Err(AttemptFailure::Broken(cause.clone())));
         }
         let code = match &failure {
             Some(error) if session.response_written().is_none() => {

@@ -9,7 +9,7 @@ mod triggers;
 pub use triggers::ReloadService;
 
 use crate::config::{describe_changes, Config};
-use crate::registry::Registry;
+use crate::routing::Registry;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -9,18 +9,18 @@ pub mod model_server;
 pub mod nvml;
 mod poll;
 pub mod prom_text;
-mod source;
 
+use crate::config::Guards;
+pub use crate::config::{GpuSelector, SourceConfig, SourceKind};
 pub use dcgm::parse_dcgm;
 pub use model_server::{parse_server_load, ServerKind};
 pub(crate) use poll::stopped;
 pub use poll::{poll, scrape, MAX_BODY};
-pub use source::{GpuSelector, SourceConfig, SourceKind};
 
 use std::time::{Duration, Instant};
 
 /// One GPU as last read.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GpuReading {
     /// NVML / dcgm index of the GPU on its host.
     pub index: Option<u32>,
@@ -39,6 +39,16 @@ pub struct GpuReading {
 }
 
 impl GpuReading {
+    /// The `gpu` label of this reading, the `position`th of its backend: its index on the
+    /// host, else its UUID, else its position.
+    pub fn label(&self, position: usize) -> String {
+        match (self.index, &self.uuid) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(uuid)) => uuid.clone(),
+            (None, None) => position.to_string(),
+        }
+    }
+
     /// Used share of the GPU's memory, 0..=1, when both figures are known.
     pub fn memory_fraction(&self) -> Option<f64> {
         let used = self.memory_used_bytes?;
@@ -72,7 +82,7 @@ impl GpuReading {
 }
 
 /// The model server's own view of its load.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ServerLoad {
     /// Requests in the running batch.
     pub running: Option<f64>,
@@ -110,6 +120,15 @@ impl Reading {
             (None, Some(theirs)) => self.server = Some(theirs.clone()),
             _ => {}
         }
+    }
+
+    /// Whether this reading breaks a limit of `guards`; `None` figures (unknown) break nothing.
+    pub fn breaks(&self, guards: &Guards) -> bool {
+        let over = |value: Option<f64>, limit: Option<f64>| matches!((value, limit), (Some(v), Some(l)) if v > l);
+        let server = self.server.as_ref();
+        over(self.max_memory_fraction(), guards.max_gpu_memory)
+            || over(server.and_then(|s| s.kv_cache_usage), guards.max_kv_cache)
+            || over(server.and_then(|s| s.waiting), guards.max_server_queue)
     }
 
     /// Highest memory fraction over the GPUs whose memory is known.
@@ -190,5 +209,7 @@ pub enum TelemetryError {
     Nvml(String),
 }
 
+#[cfg(test)]
+mod guard_tests;
 #[cfg(test)]
 mod tests;

@@ -4,40 +4,10 @@
 //! are summed, usage ratios take the maximum. A series the server does not expose stays `None`.
 
 use std::collections::BTreeMap;
-use std::fmt;
-
-use serde::Deserialize;
 
 use super::prom_text::{self, Scrape};
 use super::{GpuReading, Reading, ServerLoad, TelemetryError};
-
-/// Which model server's metric names to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ServerKind {
-    /// vLLM (`vllm:*`).
-    Vllm,
-    /// SGLang (`sglang:*`, needs `--enable-metrics`).
-    Sglang,
-    /// Hugging Face text-generation-inference (`tgi_*`).
-    Tgi,
-    /// NVIDIA Triton (`nv_*`, port 8002 by default).
-    Triton,
-    /// llama.cpp server (`llamacpp:*`, needs `--metrics`).
-    Llamacpp,
-}
-
-impl fmt::Display for ServerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ServerKind::Vllm => "vllm",
-            ServerKind::Sglang => "sglang",
-            ServerKind::Tgi => "tgi",
-            ServerKind::Triton => "triton",
-            ServerKind::Llamacpp => "llamacpp",
-        })
-    }
-}
+pub use crate::config::ServerKind;
 
 /// Parses a model server's metrics page into its load (and, for Triton, its GPUs).
 pub fn parse_server_load(kind: ServerKind, text: &str) -> Result<Reading, TelemetryError> {

@@ -1,7 +1,7 @@
 //! Test harness: the real `gpulb` binary on free loopback ports, simulated workers, bounded waits.
 #![allow(dead_code)]
 
-use gpulb::sim::{SimWorker, WorkerProfile};
+use gpulb::tools::sim::{SimWorker, WorkerProfile};
 use serde_json::Value;
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};

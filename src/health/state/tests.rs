@@ -2,6 +2,10 @@
 
 use super::*;
 
+fn fail() -> CheckFailure {
+    CheckFailure::Connect { url: "x".into() }
+}
+
 fn cfg(rise: u32, fall: u32) -> HealthCheck {
     HealthCheck {
         rise,
@@ -35,10 +39,10 @@ fn fall_then_rise() {
     let h = HealthState::default();
     let c = cfg(2, 3);
     h.observe_check("b", Ok(()), &c, 0);
-    assert_eq!(h.observe_check("b", Err("x".into()), &c, 0), None);
-    assert_eq!(h.observe_check("b", Err("x".into()), &c, 0), None);
+    assert_eq!(h.observe_check("b", Err(fail()), &c, 0), None);
+    assert_eq!(h.observe_check("b", Err(fail()), &c, 0), None);
     assert_eq!(
-        h.observe_check("b", Err("x".into()), &c, 0),
+        h.observe_check("b", Err(fail()), &c, 0),
         Some(CheckStatus::Unhealthy)
     );
     assert!(!h.eligible(0));
@@ -58,9 +62,9 @@ fn a_failure_in_between_restarts_the_count() {
     let h = HealthState::default();
     let c = cfg(2, 2);
     h.observe_check("b", Ok(()), &c, 0);
-    h.observe_check("b", Err("x".into()), &c, 0);
+    h.observe_check("b", Err(fail()), &c, 0);
     h.observe_check("b", Ok(()), &c, 0);
-    assert_eq!(h.observe_check("b", Err("x".into()), &c, 0), None);
+    assert_eq!(h.observe_check("b", Err(fail()), &c, 0), None);
     assert_eq!(h.status(), CheckStatus::Healthy);
 }
 

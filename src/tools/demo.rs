@@ -2,7 +2,7 @@
 
 use crate::config::{Config, LoadError};
 use crate::server;
-use crate::sim::{SimWorker, WorkerProfile};
+use crate::tools::sim::{SimWorker, WorkerProfile};
 use std::net::SocketAddr;
 use std::time::Duration;
 

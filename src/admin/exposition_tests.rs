@@ -1,13 +1,24 @@
+//! Unit tests of the `/metrics` exposition: request-path collectors and live state.
+
 use super::*;
+use crate::config::defaults::MAX_TENANTS;
 use crate::config::Config;
-use crate::registry::Snapshot;
+use crate::routing::Snapshot;
 use crate::telemetry::{GpuReading, Reading, ServerLoad, Telemetry};
+use crate::view::STATUS_LATENCY_SPAN_S;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const TWO: &str = "backends:\n  - {name: a, url: 'http://127.0.0.1:9001'}\n  - {name: b, url: 'http://127.0.0.1:9002'}\n";
 
 fn snapshot(yaml: &str, previous: Option<&Snapshot>) -> Snapshot {
     Snapshot::build(Config::from_yaml(yaml).unwrap(), 1, previous)
+}
+
+/// Scrapes `m` with the live state of `snap`, as `GET /metrics` does.
+fn render(e: &Exposition, m: &Metrics, snap: &Snapshot, reload: Option<&ReloadStatus>) -> String {
+    e.render(m, &FleetView::read(snap, m, STATUS_LATENCY_SPAN_S), reload)
 }
 
 /// The value of the series written exactly as `series` (name and labels), if present.
@@ -19,7 +30,7 @@ pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn request_path_metrics_count_and_use_llm_buckets() {
-    let m = Metrics::new(DEFAULT_MAX_TENANTS);
+    let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     let snap = snapshot(TWO, None);
     let ms = Duration::from_millis;
     m.request_finished("default", Some("a"), 200, ms(1500), Some(ms(80)));
@@ -27,7 +38,7 @@ fn request_path_metrics_count_and_use_llm_buckets() {
     m.request_finished("default", None, 503, ms(1), None);
     m.queue_wait("default", ms(40));
     m.shed("default", "acme", "queue_full");
-    let text = m.render(&snap, None);
+    let text = render(&e, &m, &snap, None);
     let req = |b: &str, s: &str| {
         value(
             &text,
@@ -66,9 +77,9 @@ fn request_path_metrics_count_and_use_llm_buckets() {
 
 #[test]
 fn every_family_has_help_and_type() {
-    let m = Metrics::new(DEFAULT_MAX_TENANTS);
+    let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     m.request_finished("default", Some("a"), 200, Duration::from_millis(5), None);
-    let text = m.render(&snapshot(TWO, None), None);
+    let text = render(&e, &m, &snapshot(TWO, None), None);
     let samples: Vec<&str> = text
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -87,11 +98,11 @@ fn every_family_has_help_and_type() {
 
 #[test]
 fn tenants_past_the_cap_fold_into_other() {
-    let m = Metrics::new(2);
+    let (m, e) = (Metrics::new(2), Exposition::default());
     for t in ["t1", "t2", "t3", "t1", "", &"x".repeat(100)] {
         m.shed("bulk", t, "wait_timeout");
     }
-    let text = m.render(&snapshot(TWO, None), None);
+    let text = render(&e, &m, &snapshot(TWO, None), None);
     let shed = |t: &str| {
         value(
             &text,
@@ -107,7 +118,7 @@ fn tenants_past_the_cap_fold_into_other() {
 
 #[test]
 fn live_state_is_read_from_the_snapshot() {
-    let m = Metrics::new(DEFAULT_MAX_TENANTS);
+    let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     let snap = snapshot(TWO, None);
     let a = &snap.backends[0];
     let _slot = a.state.outstanding.try_acquire(10).unwrap();
@@ -138,7 +149,7 @@ fn live_state_is_read_from_the_snapshot() {
         rejected_total: 1,
         ..ReloadStatus::default()
     };
-    let text = m.render(&snap, Some(&reload));
+    let text = render(&e, &m, &snap, Some(&reload));
     let v = |s: &str| value(&text, s);
     assert_eq!(
         v("gpulb_backend_outstanding{backend=\"a\"}"),
@@ -188,7 +199,7 @@ fn live_state_is_read_from_the_snapshot() {
         "backends:\n  - {name: a, url: 'http://127.0.0.1:9001'}\n",
         Some(&snap),
     );
-    let text = m.render(&next, None);
+    let text = render(&e, &m, &next, None);
     assert!(!text.contains("backend=\"b\""), "{text}");
     assert_eq!(
         value(&text, "gpulb_backend_outstanding{backend=\"a\"}"),
@@ -197,26 +208,17 @@ fn live_state_is_read_from_the_snapshot() {
 }
 
 #[test]
-fn status_codes_become_three_digit_labels() {
-    let mut buf = [0; 3];
-    assert_eq!(status_label(200, &mut buf), "200");
-    assert_eq!(status_label(503, &mut buf), "503");
-    assert_eq!(status_label(7, &mut buf), "100");
-    assert_eq!(status_label(1234, &mut buf), "999");
-}
-
-#[test]
 fn auth_failures_count() {
-    let m = Metrics::new(DEFAULT_MAX_TENANTS);
+    let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     m.auth_failure();
-    let text = m.render(&snapshot(TWO, None), None);
+    let text = render(&e, &m, &snapshot(TWO, None), None);
     assert_eq!(value(&text, "gpulb_admin_auth_failures_total"), Some(1.0));
     assert_eq!(m.auth_failures_total(), 1);
 }
 
 #[test]
 fn the_grafana_example_uses_only_metrics_that_exist() {
-    let m = Metrics::new(DEFAULT_MAX_TENANTS);
+    let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     let snap = snapshot(TWO, None);
     m.request_finished(
         "default",
@@ -247,10 +249,10 @@ fn the_grafana_example_uses_only_metrics_that_exist() {
             taken_at: Instant::now(),
         })));
     let reload = ReloadStatus::default();
-    let text = m.render(&snap, Some(&reload));
+    let text = render(&e, &m, &snap, Some(&reload));
     // Host CPU ratios need two reads of the counters some ticks apart.
     std::thread::sleep(Duration::from_millis(50));
-    let text = text + &m.render(&snap, Some(&reload));
+    let text = text + &render(&e, &m, &snap, Some(&reload));
     let dashboard: serde_json::Value =
         serde_json::from_str(include_str!("../../examples/grafana-dashboard.json")).unwrap();
     let json = dashboard.to_string();

@@ -1,25 +1,20 @@
 //! Every Prometheus collector of gpulb, registered in one place (its own registry, not the
 //! global one), with typed recording methods for the request path.
 //!
-//! Request-path figures (requests, latencies, sheds) are recorded as they happen. Live state that
-//! already sits in atomics (backends, health, queues, telemetry, reloads) is read from the current
-//! [`Snapshot`] at scrape time, so nothing is counted twice and backends removed by a reload
-//! vanish from the next scrape.
+//! Request-path figures (requests, latencies, sheds) are recorded here as they happen. Live state
+//! that already sits in atomics (backends, health, queues, telemetry, reloads) is not copied
+//! here: the admin's exposition reads it from a [`crate::view::FleetView`] at scrape time, so
+//! nothing is counted twice and backends removed by a reload vanish from the next scrape.
 
 mod class;
-mod scrape;
-#[cfg(test)]
-mod tests;
+
 mod window;
 
 pub use class::ClassMetrics;
-pub use scrape::gpu_label;
 pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
 
 use crate::health::now_ms;
 use crate::hostinfo::{CpuRatios, CpuSampler};
-use crate::registry::Snapshot;
-use crate::reload::ReloadStatus;
 use class::TenantLabels;
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
 use std::collections::HashMap;
@@ -32,9 +27,6 @@ use std::time::{Duration, Instant};
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
-
-/// Distinct tenant label values kept before further tenants fold into `other`.
-pub const DEFAULT_MAX_TENANTS: usize = 20;
 
 /// Longest tenant name used as a label value; longer ones fold into `other`.
 const MAX_TENANT_LEN: usize = 64;
@@ -53,7 +45,6 @@ pub struct Metrics {
     auth_failures: IntCounter,
     tenants: Arc<TenantLabels>,
     classes: RwLock<HashMap<String, Arc<ClassMetrics>>>,
-    live: Mutex<scrape::Live>,
     host: Mutex<HostCpu>,
 }
 
@@ -70,7 +61,10 @@ struct HostCpu {
 }
 
 /// Registers `c` in `r`; names are constants, so a clash is a bug caught by the unit tests.
-fn register<C: prometheus::core::Collector + Clone + 'static>(r: &prometheus::Registry, c: C) -> C {
+pub(crate) fn register<C: prometheus::core::Collector + Clone + 'static>(
+    r: &prometheus::Registry,
+    c: C,
+) -> C {
     r.register(Box::new(c.clone()))
         .expect("metric names are unique");
     c
@@ -146,7 +140,6 @@ impl Metrics {
             )
             .expect("valid counter"),
         );
-        let live = scrape::Live::register(&r);
         Metrics {
             registry: r,
             requests,
@@ -160,7 +153,6 @@ impl Metrics {
                 known: RwLock::default(),
             }),
             classes: RwLock::default(),
-            live: Mutex::new(live),
             host: Mutex::default(),
         }
     }
@@ -252,20 +244,22 @@ impl Metrics {
         fresh.or_else(|| self.sample_host_cpu())
     }
 
-    /// The Prometheus text exposition (format 0.0.4) of everything, live state read from
-    /// `snapshot` and `reload` now.
-    pub fn render(&self, snapshot: &Snapshot, reload: Option<&ReloadStatus>) -> String {
-        let host = self.host_cpu();
-        let families = match self.live.lock() {
-            Ok(live) => {
-                live.fill(snapshot, reload, host);
-                // Gathered under the lock so two scrapes never see each other's half-filled state.
-                self.registry.gather()
-            }
-            Err(_) => self.registry.gather(),
-        };
-        prometheus::TextEncoder::new()
-            .encode_to_string(&families)
-            .unwrap_or_default()
+    /// The request-path collectors' current values, for the exposition.
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_become_three_digit_labels() {
+        let mut buf = [0; 3];
+        assert_eq!(status_label(200, &mut buf), "200");
+        assert_eq!(status_label(503, &mut buf), "503");
+        assert_eq!(status_label(7, &mut buf), "100");
+        assert_eq!(status_label(1234, &mut buf), "999");
     }
 }

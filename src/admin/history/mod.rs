@@ -1,10 +1,11 @@
 //! The dashboard's recent history: a sampler that every second records GPU, backend, class and
 //! host figures into a bounded ring (the last ten minutes), served as JSON by `GET /history`.
 
-use crate::health::{now_ms, CheckStatus, HealthState};
 use crate::hostinfo::CpuRatios;
-use crate::metrics::{gpu_label, Metrics, Percentiles};
-use crate::registry::{Registry, Snapshot};
+use crate::metrics::{Metrics, Percentiles};
+use crate::routing::{Registry, Snapshot};
+use crate::telemetry::ServerLoad;
+use crate::view::{BackendView, FleetView, CHART_LATENCY_SPAN_S};
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -17,9 +18,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const INTERVAL: Duration = Duration::from_secs(1);
 /// Samples kept: ten minutes at one a second.
 pub const CAPACITY: usize = 600;
-/// Span of the latency percentiles in each sample, seconds: short, so the chart reacts.
-pub const LATENCY_SPAN_S: u64 = 10;
-
 /// One second of the fleet, as the dashboard draws it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
@@ -52,12 +50,8 @@ pub struct BackendPoint {
     pub state: &'static str,
     /// Whether new requests may go to it.
     pub eligible: bool,
-    /// Model server's running batch size, as it reports.
-    pub server_running: Option<f64>,
-    /// Requests queued inside the model server, as it reports.
-    pub server_waiting: Option<f64>,
-    /// Model server's KV-cache usage, 0..1.
-    pub kv_cache_usage: Option<f64>,
+    /// The model server's own load figures, as it reports them.
+    pub server: Option<ServerLoad>,
     /// Age of its telemetry, seconds; `None` when it has none.
     pub telemetry_age_s: Option<f64>,
     /// Whether that telemetry is older than `telemetry.stale_after`; `None` when it has none.
@@ -90,9 +84,9 @@ pub struct ClassPoint {
     pub queue_depth: usize,
     /// Requests of the class in flight.
     pub outstanding: u32,
-    /// Request duration over the last [`LATENCY_SPAN_S`] seconds.
+    /// Request duration over the last [`CHART_LATENCY_SPAN_S`] seconds.
     pub duration: Percentiles,
-    /// Time to first byte over the last [`LATENCY_SPAN_S`] seconds.
+    /// Time to first byte over the last [`CHART_LATENCY_SPAN_S`] seconds.
     pub ttfb: Percentiles,
     /// Requests answered per second over the last interval.
     pub requests_per_s: f64,
@@ -100,17 +94,30 @@ pub struct ClassPoint {
     pub sheds_per_s: f64,
 }
 
-/// The state label of a backend's health at `now` (monotonic ms).
-pub fn health_label(health: &HealthState, now: u64) -> &'static str {
-    if health.is_ejected(now) {
-        return "ejected";
+/// A backend of the view as the dashboard draws it.
+fn backend_point(b: &BackendView) -> BackendPoint {
+    BackendPoint {
+        name: b.name.clone(),
+        outstanding: b.outstanding,
+        max_outstanding: b.max_outstanding,
+        state: b.state_label(),
+        eligible: b.eligible,
+        server: b.telemetry.server.clone(),
+        telemetry_age_s: b.telemetry.age_seconds,
+        telemetry_stale: b.telemetry.stale,
     }
-    match health.status() {
-        CheckStatus::Healthy => "healthy",
-        CheckStatus::Unhealthy => "unhealthy",
-        CheckStatus::Unknown => "unknown",
-        CheckStatus::Unchecked => "unchecked",
-    }
+}
+
+/// The GPUs of a backend of the view as the dashboard draws them.
+fn gpu_points(b: &BackendView) -> impl Iterator<Item = GpuPoint> + '_ {
+    b.telemetry.gpus.iter().map(|g| GpuPoint {
+        backend: b.name.clone(),
+        gpu: g.gpu.clone(),
+        utilization: g.reading.utilization,
+        memory_ratio: g.reading.memory_fraction(),
+        memory_used_bytes: g.reading.memory_used_bytes,
+        stale: b.telemetry.stale.unwrap_or(false),
+    })
 }
 
 /// The last [`CAPACITY`] samples.
@@ -151,47 +158,14 @@ impl History {
         let Ok(mut ring) = self.ring.lock() else {
             return;
         };
-        let now = now_ms();
         let instant = Instant::now();
-        let mut backends = Vec::with_capacity(snapshot.backends.len());
-        let mut gpus = Vec::new();
-        for b in &snapshot.backends {
-            let s = &b.state;
-            let telemetry = s.telemetry.load_full();
-            let server = telemetry.as_ref().and_then(|t| t.reading.server.clone());
-            let age = telemetry
-                .as_ref()
-                .map(|t| instant.saturating_duration_since(t.taken_at));
-            backends.push(BackendPoint {
-                name: s.name.clone(),
-                outstanding: s.outstanding.get(),
-                max_outstanding: b.max_outstanding,
-                state: health_label(&s.health, now),
-                eligible: s.health.eligible(now),
-                server_running: server.as_ref().and_then(|l| l.running),
-                server_waiting: server.as_ref().and_then(|l| l.waiting),
-                kv_cache_usage: server.as_ref().and_then(|l| l.kv_cache_usage),
-                telemetry_age_s: age.map(|a| a.as_secs_f64()),
-                telemetry_stale: age.map(|a| a > snapshot.config.telemetry.stale_after),
-            });
-            let Some(t) = telemetry else { continue };
-            for (i, g) in t.reading.gpus.iter().enumerate() {
-                gpus.push(GpuPoint {
-                    backend: s.name.clone(),
-                    gpu: gpu_label(g, i),
-                    utilization: g.utilization,
-                    memory_ratio: g.memory_fraction(),
-                    memory_used_bytes: g.memory_used_bytes,
-                    stale: age.is_some_and(|a| a > snapshot.config.telemetry.stale_after),
-                });
-            }
-        }
-        let mut classes = Vec::with_capacity(snapshot.classes.len());
+        let view = FleetView::read(snapshot, metrics, CHART_LATENCY_SPAN_S);
+        let backends = view.backends.iter().map(backend_point).collect();
+        let gpus = view.backends.iter().flat_map(gpu_points).collect();
+        let mut classes = Vec::with_capacity(view.classes.len());
         let mut previous = HashMap::new();
-        for c in &snapshot.classes {
-            let m = metrics.class(&c.name);
-            let (duration, ttfb) = m.percentiles(LATENCY_SPAN_S);
-            let (done, shed) = (m.finished_total(), m.shed_total());
+        for c in &view.classes {
+            let (done, shed) = (c.requests_total, c.shed_total);
             let rate = |now: u64, before: u64, at: Instant| {
                 let secs = instant.saturating_duration_since(at).as_secs_f64();
                 if secs > 0.0 {
@@ -207,10 +181,10 @@ impl History {
             previous.insert(c.name.clone(), (done, shed, instant));
             classes.push(ClassPoint {
                 name: c.name.clone(),
-                queue_depth: c.state.queue.depth(),
-                outstanding: c.state.outstanding.get(),
-                duration,
-                ttfb,
+                queue_depth: c.queue_depth,
+                outstanding: c.outstanding,
+                duration: c.latency.duration,
+                ttfb: c.latency.ttfb,
                 requests_per_s,
                 sheds_per_s,
             });
@@ -222,7 +196,7 @@ impl History {
             t: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
-            generation: snapshot.generation,
+            generation: view.generation,
             backends,
             gpus,
             classes,

@@ -4,10 +4,11 @@ mod rules;
 
 use rules::validate_admission;
 
-use super::{BackendConfig, ClassConfig, Config, PoolConfig};
+use super::compiled::{Compiled, MatchRule, Upstream};
+use super::{BackendConfig, ClassConfig, Config, MatchConfig, PoolConfig};
+use http::{HeaderName, HeaderValue, Method};
 use std::collections::HashSet;
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
 
 /// One problem in a config file, located by its field path (`classes[1].pool`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,14 +56,15 @@ impl Report {
 }
 
 impl Config {
-    /// Checks cross-references and value ranges; returns every problem found.
-    pub fn validate(&self) -> Result<(), ConfigErrors> {
+    /// Checks cross-references and value ranges and compiles the typed values the runtime
+    /// uses; returns every problem found.
+    pub fn validate(&self) -> Result<Compiled, ConfigErrors> {
         let mut report = Report::default();
-        self.validate_globals(&mut report);
-        let backend_names = validate_backends(&self.backends, &mut report);
+        let (tenant_header, request_id_header) = self.validate_globals(&mut report);
+        let (backend_names, upstreams) = validate_backends(&self.backends, &mut report);
         self.validate_health(&mut report);
         let pool_names = validate_pools(&self.pools, &backend_names, &mut report);
-        let class_names = validate_classes(&self.classes, &pool_names, &mut report);
+        let (class_names, class_rules) = validate_classes(&self.classes, &pool_names, &mut report);
         if self.classes.is_empty() && self.pools.len() > 1 {
             report.error("classes", "required when more than one pool is defined");
         }
@@ -76,14 +78,19 @@ impl Config {
             }
             None => {}
         }
-        if report.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigErrors(report.0))
+        match (tenant_header, request_id_header) {
+            (Some(tenant_header), Some(request_id_header)) if report.0.is_empty() => Ok(Compiled {
+                tenant_header,
+                request_id_header,
+                upstreams,
+                class_rules,
+            }),
+            _ => Err(ConfigErrors(report.0)),
         }
     }
 
-    fn validate_globals(&self, report: &mut Report) {
+    /// Checks the process-wide keys; the two header names when valid.
+    fn validate_globals(&self, report: &mut Report) -> (Option<HeaderName>, Option<HeaderName>) {
         report.check(
             (1..=1024).contains(&self.threads),
             "threads",
@@ -103,16 +110,17 @@ impl Config {
             "connect_retries",
             "must be at most 16",
         );
-        report.check(
-            http::HeaderName::from_bytes(self.tenant_header.as_bytes()).is_ok(),
-            "tenant_header",
-            format!("{:?} is not a valid header name", self.tenant_header),
-        );
-        report.check(
-            http::HeaderName::from_bytes(self.request_id_header.as_bytes()).is_ok(),
-            "request_id_header",
-            format!("{:?} is not a valid header name", self.request_id_header),
-        );
+        let header = |report: &mut Report, key: &str, name: &str| {
+            let parsed = HeaderName::from_bytes(name.as_bytes()).ok();
+            report.check(
+                parsed.is_some(),
+                key,
+                format!("{name:?} is not a valid header name"),
+            );
+            parsed
+        };
+        let tenant_header = header(report, "tenant_header", &self.tenant_header);
+        let request_id_header = header(report, "request_id_header", &self.request_id_header);
         if let Some(admin) = &self.admin {
             report.check(
                 admin.listen != self.listen,
@@ -128,16 +136,21 @@ impl Config {
                 Ok(_) => {}
             }
         }
+        (tenant_header, request_id_header)
     }
 }
 
-fn validate_backends<'a>(backends: &'a [BackendConfig], report: &mut Report) -> HashSet<&'a str> {
+fn validate_backends<'a>(
+    backends: &'a [BackendConfig],
+    report: &mut Report,
+) -> (HashSet<&'a str>, Vec<Upstream>) {
     report.check(
         !backends.is_empty(),
         "backends",
         "at least one backend is required",
     );
     let mut names = HashSet::new();
+    let mut upstreams = Vec::with_capacity(backends.len());
     for (i, backend) in backends.iter().enumerate() {
         let at = format!("backends[{i}]");
         if backend.name.is_empty() {
@@ -148,8 +161,9 @@ fn validate_backends<'a>(backends: &'a [BackendConfig], report: &mut Report) -> 
                 format!("duplicate backend name {:?}", backend.name),
             );
         }
-        if let Err(message) = backend_addr(&backend.url) {
-            report.error(format!("{at}.url"), message);
+        match Upstream::parse(&backend.url) {
+            Ok(upstream) => upstreams.push(upstream),
+            Err(message) => report.error(format!("{at}.url"), message),
         }
         report.check(backend.weight >= 1, format!("{at}.weight"), "must be >= 1");
         report.check(
@@ -158,7 +172,7 @@ fn validate_backends<'a>(backends: &'a [BackendConfig], report: &mut Report) -> 
             "must be >= 1",
         );
     }
-    names
+    (names, upstreams)
 }
 
 fn validate_pools<'a>(
@@ -197,8 +211,9 @@ fn validate_classes<'a>(
     classes: &'a [ClassConfig],
     pools: &HashSet<&str>,
     report: &mut Report,
-) -> HashSet<&'a str> {
+) -> (HashSet<&'a str>, Vec<MatchRule>) {
     let mut names = HashSet::new();
+    let mut rules = Vec::with_capacity(classes.len());
     for (i, class) in classes.iter().enumerate() {
         let at = format!("classes[{i}]");
         if class.name.is_empty() {
@@ -219,65 +234,53 @@ fn validate_classes<'a>(
         if class.max_outstanding == Some(0) {
             report.error(format!("{at}.max_outstanding"), "must be >= 1");
         }
-        let rules = &class.matcher;
-        if let Some(prefix) = &rules.path_prefix {
-            report.check(
-                prefix.starts_with('/'),
-                format!("{at}.match.path_prefix"),
-                "must start with '/'",
-            );
-        }
-        for (j, method) in rules.methods.iter().enumerate() {
-            report.check(
-                http::Method::from_bytes(method.to_ascii_uppercase().as_bytes()).is_ok(),
-                format!("{at}.match.methods[{j}]"),
-                format!("{method:?} is not an HTTP method"),
-            );
-        }
-        for (name, value) in &rules.headers {
-            let path = format!("{at}.match.headers.{name}");
-            report.check(
-                http::HeaderName::from_bytes(name.as_bytes()).is_ok(),
-                path.clone(),
-                "not a valid header name",
-            );
-            report.check(
-                http::HeaderValue::from_str(value).is_ok(),
-                path,
-                "not a valid header value",
-            );
-        }
+        rules.push(compile_match(&class.matcher, &at, report));
     }
-    names
+    (names, rules)
 }
 
-/// Resolves a backend URL of the form `http://host:port` to a socket address.
-pub fn backend_addr(url: &str) -> Result<SocketAddr, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        if url.starts_with("https://") {
-            format!("{url:?}: https backends are not supported; use http://host:port")
-        } else {
-            format!("{url:?}: expected http://host:port")
-        }
-    })?;
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
-        return Err(format!(
-            "{url:?}: expected http://host:port with no path, query or credentials"
-        ));
+/// A class's match rules, typed; each part that does not parse is reported and left out.
+fn compile_match(rules: &MatchConfig, at: &str, report: &mut Report) -> MatchRule {
+    if let Some(prefix) = &rules.path_prefix {
+        report.check(
+            prefix.starts_with('/'),
+            format!("{at}.match.path_prefix"),
+            "must start with '/'",
+        );
     }
-    let with_port = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| !p.contains(']'))
-    {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    let mut addrs = with_port
-        .to_socket_addrs()
-        .map_err(|e| format!("{url:?}: cannot resolve ({e})"))?;
-    addrs
-        .next()
-        .ok_or_else(|| format!("{url:?}: resolves to no address"))
+    let mut methods = Vec::with_capacity(rules.methods.len());
+    for (j, method) in rules.methods.iter().enumerate() {
+        match Method::from_bytes(method.to_ascii_uppercase().as_bytes()) {
+            Ok(m) => methods.push(m),
+            Err(_) => report.error(
+                format!("{at}.match.methods[{j}]"),
+                format!("{method:?} is not an HTTP method"),
+            ),
+        }
+    }
+    let mut headers = Vec::with_capacity(rules.headers.len());
+    for (name, value) in &rules.headers {
+        let path = format!("{at}.match.headers.{name}");
+        let parsed_name = HeaderName::from_bytes(name.as_bytes()).ok();
+        report.check(
+            parsed_name.is_some(),
+            path.clone(),
+            "not a valid header name",
+        );
+        let parsed_value = match value.as_str() {
+            "*" => Some(None),
+            v => HeaderValue::from_str(v).ok().map(Some),
+        };
+        report.check(parsed_value.is_some(), path, "not a valid header value");
+        if let (Some(name), Some(value)) = (parsed_name, parsed_value) {
+            headers.push((name, value));
+        }
+    }
+    MatchRule {
+        path_prefix: rules.path_prefix.clone(),
+        methods,
+        headers,
+        min_content_length: rules.min_content_length,
+        max_content_length: rules.max_content_length,
+    }
 }

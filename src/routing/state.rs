@@ -1,9 +1,12 @@
 //! Live per-backend and per-class state: in-flight counters and the RAII slots that hold them.
 
 use crate::admission::ClassQueue;
+use crate::config::ResolveError;
 use crate::health::HealthState;
-use crate::service_time::ServiceTimes;
+use crate::routing::service_time::ServiceTimes;
 use crate::telemetry::Telemetry;
+use arc_swap::ArcSwap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -95,6 +98,45 @@ pub struct BackendState {
     pub telemetry: Arc<arc_swap::ArcSwapOption<Telemetry>>,
     /// Telemetry scrapes that failed.
     pub telemetry_errors: Arc<AtomicU64>,
+    /// Where it is reached: resolved when a snapshot is built, again by each health check.
+    pub address: Address,
+}
+
+/// A backend's address, or why its name has none (then it gets no traffic).
+#[derive(Debug)]
+pub struct Address(ArcSwap<Result<SocketAddr, ResolveError>>);
+
+impl Default for Address {
+    fn default() -> Self {
+        Address(ArcSwap::from_pointee(Err(ResolveError::Empty(
+            "not resolved yet".to_string(),
+        ))))
+    }
+}
+
+impl Address {
+    /// The address to connect to, when the name resolved.
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.load().as_ref().as_ref().ok().copied()
+    }
+
+    /// Why the name has no address, when it has none.
+    pub fn unresolved(&self) -> Option<String> {
+        self.0
+            .load()
+            .as_ref()
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+    }
+
+    /// Records a resolution; a failure keeps the last good address unless `forget` (the
+    /// backend's URL changed, so the old address is not its address any more).
+    pub fn update(&self, resolved: Result<SocketAddr, ResolveError>, forget: bool) {
+        if resolved.is_ok() || forget || self.get().is_none() {
+            self.0.store(Arc::new(resolved));
+        }
+    }
 }
 
 impl BackendState {
@@ -107,7 +149,13 @@ impl BackendState {
             health: HealthState::default(),
             telemetry: Arc::new(arc_swap::ArcSwapOption::empty()),
             telemetry_errors: Arc::new(AtomicU64::new(0)),
+            address: Address::default(),
         }
+    }
+
+    /// Whether new requests may go to it now: its name resolved, healthy and not ejected.
+    pub fn eligible(&self, now_ms: u64) -> bool {
+        self.health.eligible(now_ms) && self.address.get().is_some()
     }
 }
 

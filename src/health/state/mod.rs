@@ -2,6 +2,7 @@
 //!
 //! Hot reads (`eligible`) are atomics; transitions are rare and log one line with their cause.
 
+use super::CheckFailure;
 use crate::config::{HealthCheck, OutlierDetection};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -113,7 +114,7 @@ impl HealthState {
     pub fn observe_check(
         &self,
         name: &str,
-        result: Result<(), String>,
+        result: Result<(), CheckFailure>,
         cfg: &HealthCheck,
         now: u64,
     ) -> Option<CheckStatus> {

@@ -1,8 +1,8 @@
 //! Speed-aware placement: measured service times turned into each backend's slowness relative
 //! to the pool's fastest, and the decision to hold a request for a faster backend.
 
-use crate::balance::{Candidate, REFERENCE_SPEED};
-use crate::service_time::Measured;
+use crate::routing::balance::{Candidate, REFERENCE_SPEED};
+use crate::routing::service_time::Measured;
 
 /// A backend counts as faster than another when the other takes at least this much longer.
 const CLEARLY_FASTER: f64 = 1.25;

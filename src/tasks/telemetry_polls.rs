@@ -1,7 +1,7 @@
 //! Runs each backend's telemetry poller, storing readings in its live state.
 
-use crate::registry::{Backend, Snapshot};
-use crate::supervise::BackendLoop;
+use super::{BackendLoop, Stop};
+use crate::routing::{Backend, Snapshot};
 use crate::telemetry::{poll, SourceConfig};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -17,14 +17,10 @@ impl BackendLoop for TelemetryPolling {
         (!backend.telemetry.is_empty()).then(|| (backend.url.clone(), backend.telemetry.clone()))
     }
 
-    fn spawn(&self, backend: &Backend, spec: &Self::Spec) -> JoinHandle<()> {
+    fn spawn(&self, backend: &Backend, spec: &Self::Spec, shutdown: Stop) -> JoinHandle<()> {
         let (url, sources) = spec.clone();
         let sink = Arc::clone(&backend.state.telemetry);
         let errors = Arc::clone(&backend.state.telemetry_errors);
-        tokio::spawn(async move {
-            // The supervisor stops this task by aborting it; the sender only has to outlive it.
-            let (_keep, shutdown) = tokio::sync::watch::channel(false);
-            poll(sources, url, sink, errors, shutdown).await;
-        })
+        tokio::spawn(poll(sources, url, sink, errors, shutdown))
     }
 }

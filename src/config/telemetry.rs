@@ -6,8 +6,35 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::model_server::ServerKind;
-use crate::config::duration;
+use super::{defaults, duration};
+
+/// Which model server's metric names to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// vLLM (`vllm:*`).
+    Vllm,
+    /// SGLang (`sglang:*`, needs `--enable-metrics`).
+    Sglang,
+    /// Hugging Face text-generation-inference (`tgi_*`).
+    Tgi,
+    /// NVIDIA Triton (`nv_*`, port 8002 by default).
+    Triton,
+    /// llama.cpp server (`llamacpp:*`, needs `--metrics`).
+    Llamacpp,
+}
+
+impl fmt::Display for ServerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ServerKind::Vllm => "vllm",
+            ServerKind::Sglang => "sglang",
+            ServerKind::Tgi => "tgi",
+            ServerKind::Triton => "triton",
+            ServerKind::Llamacpp => "llamacpp",
+        })
+    }
+}
 
 /// Which GPU: its index on the host, or its `GPU-…` UUID (YAML: an integer or a string).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -159,20 +186,6 @@ impl SourceConfig {
     }
 }
 
-/// Defaults of a source's timing.
-pub mod defaults {
-    use std::time::Duration;
-
-    /// Time between two reads.
-    pub fn interval() -> Duration {
-        Duration::from_secs(1)
-    }
-    /// Longest a read may take.
-    pub fn timeout() -> Duration {
-        Duration::from_millis(500)
-    }
-}
-
 /// The YAML shape: tagged by `kind`, timing keys beside the kind's own keys.
 #[derive(Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -180,27 +193,27 @@ enum RawSource {
     Nvml {
         #[serde(default)]
         gpus: Vec<GpuSelector>,
-        #[serde(default = "defaults::interval", with = "duration")]
+        #[serde(default = "defaults::telemetry_interval", with = "duration")]
         interval: Duration,
-        #[serde(default = "defaults::timeout", with = "duration")]
+        #[serde(default = "defaults::telemetry_timeout", with = "duration")]
         timeout: Duration,
     },
     Dcgm {
         url: String,
         #[serde(default)]
         gpus: Vec<GpuSelector>,
-        #[serde(default = "defaults::interval", with = "duration")]
+        #[serde(default = "defaults::telemetry_interval", with = "duration")]
         interval: Duration,
-        #[serde(default = "defaults::timeout", with = "duration")]
+        #[serde(default = "defaults::telemetry_timeout", with = "duration")]
         timeout: Duration,
     },
     ModelServer {
         server: ServerKind,
         #[serde(default)]
         url: Option<String>,
-        #[serde(default = "defaults::interval", with = "duration")]
+        #[serde(default = "defaults::telemetry_interval", with = "duration")]
         interval: Duration,
-        #[serde(default = "defaults::timeout", with = "duration")]
+        #[serde(default = "defaults::telemetry_timeout", with = "duration")]
         timeout: Duration,
     },
 }

@@ -1,7 +1,9 @@
 //! Unit tests of snapshot building, classification and slot acquisition.
 
 use super::*;
-use crate::backend::Lease;
+use crate::config::Config;
+use http::{HeaderMap, Method};
+use std::sync::Arc;
 
 fn config(yaml: &str) -> Config {
     Config::from_yaml(yaml).unwrap()

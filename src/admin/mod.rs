@@ -6,16 +6,18 @@
 //! lives in one place, [`auth::decide`]; refusals are counted in `gpulb_admin_auth_failures_total`.
 
 pub mod auth;
-mod status;
+mod exposition;
+pub mod history;
 
-pub use status::{Status, LATENCY_SPAN_S};
+pub use exposition::Exposition;
 
-use crate::history::History;
 use crate::metrics::Metrics;
-use crate::registry::Registry;
 use crate::reload::{Outcome, Reloader, Trigger};
+use crate::routing::Registry;
+use crate::view::{FleetView, STATUS_LATENCY_SPAN_S};
 use async_trait::async_trait;
 use auth::Access;
+use history::History;
 use http::{Method, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
@@ -23,7 +25,7 @@ use serde::Serialize;
 use std::sync::Arc;
 
 /// The dashboard page: self-contained HTML, CSS and JS (no CDN, works offline).
-const DASHBOARD: &str = include_str!("admin/dashboard.html");
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// The admin HTTP application.
 pub struct AdminApp {
@@ -33,7 +35,17 @@ pub struct AdminApp {
     /// Everything needs the token (non-loopback listener).
     guard_all: bool,
     metrics: Arc<Metrics>,
+    exposition: Exposition,
     history: Arc<History>,
+}
+
+/// `GET /status` body: the fleet view and the reload history.
+#[derive(Serialize)]
+struct StatusPage {
+    /// Reload history (with the last error, if any), when serving from a config file.
+    reload: Option<crate::reload::ReloadStatus>,
+    #[serde(flatten)]
+    fleet: FleetView,
 }
 
 impl AdminApp {
@@ -52,8 +64,13 @@ impl AdminApp {
             token,
             guard_all,
             metrics,
+            exposition: Exposition::default(),
             history,
         }
+    }
+
+    fn fleet(&self) -> FleetView {
+        FleetView::read(&self.registry.load(), &self.metrics, STATUS_LATENCY_SPAN_S)
     }
 
     fn reload(&self) -> Response<Vec<u8>> {
@@ -74,7 +91,9 @@ impl AdminApp {
 
     fn metrics(&self) -> Response<Vec<u8>> {
         let reload = self.reloader.as_ref().map(|r| r.status());
-        let text = self.metrics.render(&self.registry.load(), reload.as_ref());
+        let text = self
+            .exposition
+            .render(&self.metrics, &self.fleet(), reload.as_ref());
         body(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -83,9 +102,11 @@ impl AdminApp {
     }
 
     fn status(&self) -> Response<Vec<u8>> {
-        let reload = self.reloader.as_ref().map(|r| r.status());
-        let status = Status::of(&self.registry.load(), reload, &self.metrics);
-        json(StatusCode::OK, &status)
+        let page = StatusPage {
+            reload: self.reloader.as_ref().map(|r| r.status()),
+            fleet: self.fleet(),
+        };
+        json(StatusCode::OK, &page)
     }
 
     fn history(&self, query: Option<&str>) -> Response<Vec<u8>> {

@@ -1,70 +1,42 @@
 //! Class match rules compiled from config, checked against a request's method, path and headers.
 
-use crate::config::MatchConfig;
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use crate::config::MatchRule;
+use http::{HeaderMap, Method};
 
-/// A compiled class rule; every part given must hold.
+/// A class's rule as validation compiled it; every part given must hold.
 #[derive(Debug, Clone, Default)]
-pub struct ClassRule {
-    path_prefix: Option<String>,
-    methods: Vec<Method>,
-    /// Header name and the exact value wanted (`None`: present with any value).
-    headers: Vec<(HeaderName, Option<HeaderValue>)>,
-    /// `Content-Length` bounds: at least the first, below the second.
-    min_content_length: Option<u64>,
-    max_content_length: Option<u64>,
-}
+pub struct ClassRule(MatchRule);
 
 impl ClassRule {
-    /// Compiles validated match rules (invalid names were refused by validation and are skipped).
-    pub fn compile(rules: &MatchConfig) -> Self {
-        ClassRule {
-            path_prefix: rules.path_prefix.clone(),
-            methods: rules
-                .methods
-                .iter()
-                .filter_map(|m| Method::from_bytes(m.to_ascii_uppercase().as_bytes()).ok())
-                .collect(),
-            headers: rules
-                .headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-                    let value = match value.as_str() {
-                        "*" => None,
-                        v => Some(HeaderValue::from_str(v).ok()?),
-                    };
-                    Some((name, value))
-                })
-                .collect(),
-            min_content_length: rules.min_content_length,
-            max_content_length: rules.max_content_length,
-        }
+    /// The rule of a class, from its compiled match rules.
+    pub fn new(rule: MatchRule) -> Self {
+        ClassRule(rule)
     }
 
     /// Whether a request with this method, path and headers belongs to the class.
     pub fn matches(&self, method: &Method, path: &str, headers: &HeaderMap) -> bool {
-        if let Some(prefix) = &self.path_prefix {
+        let rule = &self.0;
+        if let Some(prefix) = &rule.path_prefix {
             if !path.starts_with(prefix.as_str()) {
                 return false;
             }
         }
-        if !self.methods.is_empty() && !self.methods.contains(method) {
+        if !rule.methods.is_empty() && !rule.methods.contains(method) {
             return false;
         }
-        if self.min_content_length.is_some() || self.max_content_length.is_some() {
+        if rule.min_content_length.is_some() || rule.max_content_length.is_some() {
             let length = headers
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .unwrap_or(0);
-            if self.min_content_length.is_some_and(|min| length < min)
-                || self.max_content_length.is_some_and(|max| length >= max)
+            if rule.min_content_length.is_some_and(|min| length < min)
+                || rule.max_content_length.is_some_and(|max| length >= max)
             {
                 return false;
             }
         }
-        self.headers.iter().all(|(name, wanted)| {
+        rule.headers.iter().all(|(name, wanted)| {
             let mut values = headers.get_all(name).iter();
             match wanted {
                 None => values.next().is_some(),
@@ -77,9 +49,16 @@ impl ClassRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use http::HeaderName;
 
+    /// The compiled rule of a one-class config whose `match` is `yaml`.
     fn rule(yaml: &str) -> ClassRule {
-        ClassRule::compile(&serde_yaml::from_str::<MatchConfig>(yaml).unwrap())
+        let text = format!(
+            "backends: [{{name: a, url: 'http://127.0.0.1:1'}}]\nclasses: [{{name: c, pool: default, match: {yaml}}}]\n"
+        );
+        let config = Config::from_yaml(&text).unwrap();
+        ClassRule::new(config.compiled.class_rules[0].clone())
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

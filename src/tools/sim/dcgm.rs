@@ -85,7 +85,7 @@ impl SimGpu {
 
 /// Renders the dcgm-exporter page; `Hostname` is the worker's name.
 pub(crate) fn render(gpu: &SimGpu, st: &EngineState, kv_budget: usize, worker: &str) -> String {
-    crate::agent::render(&[gpu.reading(st, kv_budget)], worker)
+    crate::tools::agent::render(&[gpu.reading(st, kv_budget)], worker)
 }
 
 /// A stable UUID-shaped id derived from the worker name (FNV-1a, twice).

@@ -1,11 +1,10 @@
 //! Choosing a backend for a request and feeding attempt outcomes to outlier ejection.
 
-use super::speed::PoolSpeeds;
-use super::{Class, Pool, Snapshot};
-use crate::backend::{Grant, Lease};
-use crate::balance::{self, Candidate, REFERENCE_SPEED};
-use crate::config::{Guards, Placement};
-use crate::health::now_ms;
+use super::balance::{Candidate, REFERENCE_SPEED};
+use super::placement::{Choice, PoolSpeeds};
+use super::{Class, Grant, Lease, Pool, Snapshot};
+use crate::config::Guards;
+use crate::health::{now_ms, AttemptFailure};
 use crate::telemetry::is_fresh;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,15 +39,14 @@ impl Snapshot {
             load: outstanding.max(reported.clamp(0.0, f64::from(u32::MAX / 2)) as u32),
             weight: b.weight,
             max_outstanding: share_of(b.max_outstanding, share),
-            eligible: b.state.health.eligible(now_ms)
-                && !fresh.is_some_and(|t| guards.excludes(&t.reading)),
+            eligible: b.state.eligible(now_ms) && !fresh.is_some_and(|t| t.reading.breaks(guards)),
             slowness_milli: REFERENCE_SPEED,
         }
     }
 
     /// Takes a slot on a backend of `pool` for `class` (whose guards there are `guards`),
-    /// skipping `excluded`. With `may_hold`, a class placed by `earliest_finish` may decline a
-    /// slow backend to wait for a faster one ([`Miss::Held`]).
+    /// skipping `excluded`. With `may_hold`, the class's placement may decline the backend it
+    /// picked to wait for a better one ([`Miss::Held`]).
     fn acquire(
         &self,
         pool: usize,
@@ -68,22 +66,24 @@ impl Snapshot {
                 c
             })
             .collect();
-        let speeds = (class.placement != Placement::LeastLoaded)
-            .then(|| self.pool_speeds(pool, class, &mut candidates, now));
+        let placement = &class.placement;
+        let speeds = placement
+            .uses_speeds()
+            .then(|| self.pool_speeds(pool, class, &candidates, now));
+        let mut choice = Choice {
+            candidates: &mut candidates,
+            speeds: speeds.as_ref(),
+        };
+        placement.rank(&mut choice);
         let mut rng = rand::rng();
         // Each failed acquire (another request took the last slot) removes one candidate.
-        for _ in 0..candidates.len() {
-            let chosen = match class.placement {
-                Placement::EarliestFinish => balance::pick_fastest(&candidates, &mut rng),
-                _ => balance::pick(&candidates, &mut rng),
-            }
-            .ok_or(Miss::Full)?;
-            if may_hold && class.placement == Placement::EarliestFinish {
+        for _ in 0..choice.candidates.len() {
+            let chosen = placement
+                .pick(choice.candidates, &mut rng)
+                .ok_or(Miss::Full)?;
+            if may_hold {
                 let queued = class.state.queue.depth().max(1);
-                if speeds
-                    .as_ref()
-                    .is_some_and(|s| s.should_hold(chosen, &candidates, queued))
-                {
+                if placement.may_hold(chosen, &choice, queued) {
                     return Err(Miss::Held);
                 }
             }
@@ -91,23 +91,22 @@ impl Snapshot {
             if let Some(slot) = backend
                 .state
                 .outstanding
-                .try_acquire(candidates[chosen].max_outstanding)
+                .try_acquire(choice.candidates[chosen].max_outstanding)
             {
                 backend.state.attempts_total.fetch_add(1, Ordering::Relaxed);
                 return Ok(Lease::new(members[chosen], slot));
             }
-            candidates[chosen].eligible = false;
+            choice.candidates[chosen].eligible = false;
         }
         Err(Miss::Full)
     }
 
-    /// What was measured of `class` and of the other classes on each member of `pool`; sets
-    /// each candidate's slowness from it.
+    /// What was measured of `class` and of the other classes on each member of `pool`.
     fn pool_speeds(
         &self,
         pool: &Pool,
         class: &Class,
-        candidates: &mut [Candidate],
+        candidates: &[Candidate],
         now: Instant,
     ) -> PoolSpeeds {
         let observe = |c: &Class| c.state.service_times.observe(self.member_names(pool), now);
@@ -118,11 +117,7 @@ impl Snapshot {
             .map(observe)
             .collect();
         let eligible: Vec<bool> = candidates.iter().map(|c| c.eligible).collect();
-        let speeds = PoolSpeeds::new(&observe(class), &others, &eligible);
-        for (member, c) in candidates.iter_mut().enumerate() {
-            c.slowness_milli = speeds.slowness_milli(member);
-        }
-        speeds
+        PoolSpeeds::new(&observe(class), &others, &eligible)
     }
 
     /// A backend slot for class `class`: its own pool first, then its fallback pool. A request
@@ -192,7 +187,7 @@ impl Snapshot {
     }
 
     /// Feeds one attempt's outcome on backend `index` to passive outlier ejection.
-    pub fn report(&self, index: usize, outcome: Result<(), &str>) {
+    pub fn report(&self, index: usize, outcome: Result<(), AttemptFailure>) {
         let Some(backend) = self.backends.get(index) else {
             return;
         };

@@ -3,18 +3,13 @@
 //! Live backend state (`Arc<BackendState>`) is carried from one snapshot to the next by backend
 //! name, so a rebuild never loses in-flight counts.
 
-mod build;
-mod select;
-mod speed;
-
+use super::classify::ClassRule;
+use super::placement::Placement;
+use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
-use crate::backend::{BackendState, ClassState};
-use crate::classify::ClassRule;
-use crate::config::{Config, Guards, HealthCheck, Placement};
-use crate::telemetry::SourceConfig;
+use crate::config::{Config, Guards, HealthCheck, SourceConfig, Upstream};
 use arc_swap::ArcSwap;
 use http::{HeaderMap, Method};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -26,8 +21,11 @@ pub struct Backend {
     pub state: Arc<BackendState>,
     /// Configured URL, for display.
     pub url: String,
-    /// Resolved address.
-    pub addr: SocketAddr,
+    /// Host and port from the URL; the address it resolves to is live state
+    /// ([`BackendState::address`]).
+    pub upstream: Upstream,
+    /// Whether this snapshot found it at a new URL or address (so a new server).
+    pub moved: bool,
     /// Relative capacity.
     pub weight: u32,
     /// In-flight cap.
@@ -65,7 +63,7 @@ pub struct Class {
     /// Share of each backend's cap this class may fill.
     pub backend_share: Option<f64>,
     /// How a backend is chosen for it.
-    pub placement: Placement,
+    pub placement: Arc<dyn Placement>,
     /// How the class's queue is bounded and ordered.
     pub policy: QueuePolicy,
     /// Live counters, shared across snapshots.
@@ -156,6 +154,3 @@ impl Registry {
         generation
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -6,7 +6,7 @@
 //! healthy, telemetry dropping below a guard, a reload) is signalled too, and the queue's own
 //! slow re-check covers anything missed.
 
-use crate::registry::Registry;
+use crate::routing::Registry;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;

@@ -1,9 +1,9 @@
 //! Building a snapshot from a validated config, carrying live state over by name.
 
-use super::{Backend, Class, Pool, Snapshot};
-use crate::backend::{BackendState, ClassState};
-use crate::classify::ClassRule;
-use crate::config::{backend_addr, queue_policy, BackendConfig, Config};
+use super::classify::ClassRule;
+use super::{placement, Backend, BackendState, Class, ClassState, Pool, Snapshot};
+use crate::admission::QueuePolicy;
+use crate::config::{BackendConfig, Config, Upstream};
 use crate::health::CheckStatus;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,9 +34,10 @@ impl Snapshot {
         let backends: Vec<Backend> = config
             .backends
             .iter()
-            .filter_map(|b| {
+            .zip(&config.compiled.upstreams)
+            .map(|(b, upstream)| {
                 let old = old_backends.get(b.name.as_str()).copied();
-                build_backend(&config, b, old, &capacity)
+                build_backend(&config, b, upstream, old, &capacity)
             })
             .collect();
         let backend_index = |name: &str| backends.iter().position(|b| b.state.name == name);
@@ -51,7 +52,8 @@ impl Snapshot {
         let classes: Vec<Class> = config
             .classes
             .iter()
-            .map(|c| {
+            .zip(&config.compiled.class_rules)
+            .map(|(c, rule)| {
                 let pool = config
                     .pools
                     .iter()
@@ -65,7 +67,7 @@ impl Snapshot {
                 };
                 Class {
                     name: c.name.clone(),
-                    rule: ClassRule::compile(&c.matcher),
+                    rule: ClassRule::new(rule.clone()),
                     pool,
                     max_outstanding: c.max_outstanding.unwrap_or(u32::MAX),
                     guards: guards_in(pool),
@@ -74,8 +76,12 @@ impl Snapshot {
                         Some((index, guards_in(index)))
                     }),
                     backend_share: c.backend_share,
-                    placement: c.placement,
-                    policy: queue_policy(&c.queue, &c.fairness, c.tenant_max_outstanding),
+                    placement: placement::build(c.placement),
+                    policy: QueuePolicy::from_config(
+                        &c.queue,
+                        &c.fairness,
+                        c.tenant_max_outstanding,
+                    ),
                     state: old_classes
                         .get(c.name.as_str())
                         .map(|s| Arc::clone(s))
@@ -83,13 +89,9 @@ impl Snapshot {
                 }
             })
             .collect();
-        // A backend whose address changed is a new server: what was measured of the old one
-        // says nothing about it.
-        for moved in backends.iter().filter(|b| {
-            old_backends
-                .get(b.state.name.as_str())
-                .is_some_and(|o| o.addr != b.addr)
-        }) {
+        // A backend that moved is a new server: what was measured of the old one says nothing
+        // about it.
+        for moved in backends.iter().filter(|b| b.moved) {
             for class in &classes {
                 class.state.service_times.forget(&moved.state.name);
             }
@@ -111,19 +113,32 @@ impl Snapshot {
     }
 }
 
-/// One backend of the new snapshot; its health restarts when checks turn on or it moved.
+/// One backend of the new snapshot, its name resolved now; its health restarts when checks
+/// turn on or it moved (a new URL or a new address).
 fn build_backend(
     config: &Config,
     b: &BackendConfig,
+    upstream: &Upstream,
     old: Option<&Backend>,
     capacity: &Arc<Notify>,
-) -> Option<Backend> {
-    let addr = backend_addr(&b.url).ok()?;
+) -> Backend {
     let state = old
         .map(|o| Arc::clone(&o.state))
         .unwrap_or_else(|| Arc::new(BackendState::new(&b.name, Arc::clone(capacity))));
+    let resolved = upstream.resolve();
+    if let Err(e) = &resolved {
+        tracing::warn!(backend = %b.name, error = %e, "backend gets no traffic until its name resolves");
+    }
+    let moved = old.is_some_and(|o| {
+        o.upstream != *upstream
+            || resolved
+                .as_ref()
+                .is_ok_and(|addr| o.state.address.get() != Some(*addr))
+    });
+    state
+        .address
+        .update(resolved, old.is_none_or(|o| o.upstream != *upstream));
     let health_check = config.health_check.with(&b.health_check);
-    let moved = old.is_some_and(|o| o.addr != addr);
     match (health_check.enabled, state.health.status()) {
         (false, _) => state.health.set_unchecked(),
         (true, CheckStatus::Unchecked) => state.health.reset(),
@@ -134,13 +149,14 @@ fn build_backend(
     if moved {
         state.telemetry.store(None);
     }
-    Some(Backend {
+    Backend {
         state,
         url: b.url.clone(),
-        addr,
+        upstream: upstream.clone(),
+        moved,
         weight: b.weight,
         max_outstanding: b.max_outstanding,
         health_check,
         telemetry: b.telemetry.clone(),
-    })
+    }
 }

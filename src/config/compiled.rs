@@ -1,0 +1,123 @@
+//! What validation compiles a config into: typed values (methods, header names, backend
+//! addresses) that the runtime uses as they are and never parses again.
+
+use http::{HeaderName, HeaderValue, Method};
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+
+/// The typed values of one validated config, in config order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compiled {
+    /// `tenant_header`.
+    pub tenant_header: HeaderName,
+    /// `request_id_header`.
+    pub request_id_header: HeaderName,
+    /// Each backend's `url`.
+    pub upstreams: Vec<Upstream>,
+    /// Each class's `match`.
+    pub class_rules: Vec<MatchRule>,
+}
+
+impl Default for Compiled {
+    fn default() -> Self {
+        Compiled {
+            tenant_header: HeaderName::from_static("x-tenant"),
+            request_id_header: HeaderName::from_static("x-request-id"),
+            upstreams: Vec::new(),
+            class_rules: Vec::new(),
+        }
+    }
+}
+
+/// A class's match rules, typed; every part given must hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MatchRule {
+    /// The request path starts with this.
+    pub path_prefix: Option<String>,
+    /// The method is one of these (any when empty).
+    pub methods: Vec<Method>,
+    /// Header name and the exact value wanted (`None`: present with any value).
+    pub headers: Vec<(HeaderName, Option<HeaderValue>)>,
+    /// `Content-Length` is at least this.
+    pub min_content_length: Option<u64>,
+    /// `Content-Length` is below this.
+    pub max_content_length: Option<u64>,
+}
+
+/// Where a backend listens: `http://host:port` parsed, not yet resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Upstream {
+    /// Host name or address literal (IPv6 in brackets).
+    pub host: String,
+    /// TCP port (80 when the URL names none).
+    pub port: u16,
+}
+
+/// Why a backend's name gave no address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// The resolver failed.
+    #[error("cannot resolve {authority}: {cause}")]
+    Failed {
+        /// `host:port`.
+        authority: String,
+        /// What the resolver said.
+        cause: String,
+    },
+    /// The resolver answered with no address.
+    #[error("{0} resolves to no address")]
+    Empty(String),
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl Upstream {
+    /// Parses a backend URL of the form `http://host[:port][/]`; the message names the problem.
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let rest = url.strip_prefix("http://").ok_or_else(|| {
+            if url.starts_with("https://") {
+                format!("{url:?}: https backends are not supported; use http://host:port")
+            } else {
+                format!("{url:?}: expected http://host:port")
+            }
+        })?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+            return Err(format!(
+                "{url:?}: expected http://host:port with no path, query or credentials"
+            ));
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) if !port.contains(']') => {
+                let port = port
+                    .parse()
+                    .map_err(|_| format!("{url:?}: {port:?} is not a port number"))?;
+                (host, port)
+            }
+            _ => (authority, 80),
+        };
+        if host.is_empty() {
+            return Err(format!("{url:?}: expected http://host:port"));
+        }
+        Ok(Upstream {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// The first address the system resolver gives for it (blocking for a name).
+    pub fn resolve(&self) -> Result<SocketAddr, ResolveError> {
+        let authority = self.to_string();
+        let mut addrs = authority
+            .to_socket_addrs()
+            .map_err(|e| ResolveError::Failed {
+                authority: authority.clone(),
+                cause: e.to_string(),
+            })?;
+        addrs.next().ok_or(ResolveError::Empty(authority))
+    }
+}

@@ -1,0 +1,22 @@
+//! Routing: the snapshot of backends, pools and classes built from one config, the live state
+//! each carries across reloads, and the choice of a backend for a request.
+//!
+//! A request is classified ([`classify`]) under the current [`Snapshot`], then takes a class
+//! slot and a backend [`Lease`] together ([`Snapshot::grant`]): candidates are read from live
+//! state ([`select`]), ranked and picked by the class's [`placement`] over the pure functions
+//! of [`balance`].
+
+pub mod balance;
+mod build;
+pub mod classify;
+pub mod placement;
+mod select;
+pub mod service_time;
+mod snapshot;
+mod state;
+
+pub use snapshot::{Backend, Class, Pool, Registry, Snapshot};
+pub use state::{BackendState, ClassState, Grant, InflightCounter, Lease, Slot};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,20 @@
+//! `least_loaded`: the fewest outstanding requests relative to weight, ties at random.
+
+use super::Placement;
+use crate::config::PlacementKind;
+use crate::routing::balance::{self, Candidate};
+use rand::RngCore;
+
+/// Least outstanding requests relative to weight; measured speed plays no part.
+#[derive(Debug)]
+pub struct LeastLoaded;
+
+impl Placement for LeastLoaded {
+    fn kind(&self) -> PlacementKind {
+        PlacementKind::LeastLoaded
+    }
+
+    fn pick(&self, candidates: &[Candidate], rng: &mut dyn RngCore) -> Option<usize> {
+        balance::pick(candidates, rng)
+    }
+}

@@ -1,0 +1,239 @@
+//! `FleetView`: one typed, read-only view of live state, built once per read. `/status` serializes
+//! it, `/history` samples it and `/metrics` fills its gauges from it, so a health label or a
+//! telemetry staleness is computed in one place.
+
+use crate::config::PlacementKind;
+use crate::health::{now_ms, CheckStatus};
+use crate::metrics::{Metrics, Percentiles};
+use crate::routing::{Backend, Class, Snapshot};
+use crate::telemetry::{GpuReading, ServerLoad};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Span of the latency percentiles in `/status` and `/metrics`, seconds: a minute, steady.
+pub const STATUS_LATENCY_SPAN_S: u64 = 60;
+/// Span of the latency percentiles in each dashboard sample, seconds: short, so charts react.
+pub const CHART_LATENCY_SPAN_S: u64 = 10;
+
+/// The fleet as one read saw it.
+#[derive(Debug, Serialize)]
+pub struct FleetView {
+    /// Generation of the config in force.
+    pub generation: u64,
+    /// Every backend, in config order.
+    pub backends: Vec<BackendView>,
+    /// Every class, in match order.
+    pub classes: Vec<ClassView>,
+}
+
+/// One backend in a [`FleetView`].
+#[derive(Debug, Serialize)]
+pub struct BackendView {
+    /// Backend name.
+    pub name: String,
+    /// Backend URL.
+    pub url: String,
+    /// Relative capacity.
+    pub weight: u32,
+    /// In-flight cap.
+    pub max_outstanding: u32,
+    /// Requests this proxy has in flight on it now.
+    pub outstanding: u32,
+    /// Attempts ever sent.
+    pub attempts_total: u64,
+    /// Active check status.
+    pub health: CheckStatus,
+    /// Why its address is unknown, when its name did not resolve (it gets no traffic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<String>,
+    /// Out on a passive ejection now.
+    pub ejected: bool,
+    /// Times ejected so far.
+    pub ejections_total: u64,
+    /// Consecutive failed attempts on live traffic.
+    pub consecutive_failures: u32,
+    /// Whether new requests may go to it now.
+    pub eligible: bool,
+    /// Its last telemetry reading.
+    pub telemetry: TelemetryView,
+}
+
+impl BackendView {
+    /// `healthy`, `unhealthy`, `unknown`, `unchecked` or `ejected`: the dashboard's label.
+    pub fn state_label(&self) -> &'static str {
+        if self.ejected {
+            return "ejected";
+        }
+        match self.health {
+            CheckStatus::Healthy => "healthy",
+            CheckStatus::Unhealthy => "unhealthy",
+            CheckStatus::Unknown => "unknown",
+            CheckStatus::Unchecked => "unchecked",
+        }
+    }
+
+    /// Whether its active checks pass (or are off).
+    pub fn healthy(&self) -> bool {
+        matches!(self.health, CheckStatus::Healthy | CheckStatus::Unchecked)
+    }
+}
+
+/// A backend's telemetry in [`BackendView`].
+#[derive(Debug, Serialize)]
+pub struct TelemetryView {
+    /// Age of the last reading, seconds; `None` before any.
+    pub age_seconds: Option<f64>,
+    /// Whether the last reading is older than `telemetry.stale_after`; `None` before any.
+    pub stale: Option<bool>,
+    /// Scrapes that failed so far.
+    pub errors_total: u64,
+    /// The GPUs read.
+    pub gpus: Vec<GpuView>,
+    /// The model server's own load figures.
+    pub server: Option<ServerLoad>,
+}
+
+/// One GPU in [`TelemetryView`].
+#[derive(Debug, Serialize)]
+pub struct GpuView {
+    /// Label used in metrics: index on the host, else UUID, else position.
+    pub gpu: String,
+    /// What was read.
+    #[serde(flatten)]
+    pub reading: GpuReading,
+}
+
+/// One class in a [`FleetView`].
+#[derive(Debug, Serialize)]
+pub struct ClassView {
+    /// Class name.
+    pub name: String,
+    /// Its pool.
+    pub pool: String,
+    /// Requests in flight now.
+    pub outstanding: u32,
+    /// Requests waiting in its queue now.
+    pub queue_depth: usize,
+    /// Requests waiting now, per tenant with any.
+    pub queue_by_tenant: BTreeMap<String, usize>,
+    /// Requests answered so far.
+    pub requests_total: u64,
+    /// Requests shed so far.
+    pub shed_total: u64,
+    /// Latency percentiles over the view's span.
+    pub latency: LatencyView,
+    /// How it places requests.
+    pub placement: PlacementKind,
+    /// Expected service time (slot to last byte) of a request of its mean size per backend
+    /// of its pool, seconds, as measured; backends without a usable estimate are left out.
+    pub service_seconds: BTreeMap<String, f64>,
+}
+
+/// Recent latency of a class in [`ClassView`], seconds.
+#[derive(Debug, Serialize)]
+pub struct LatencyView {
+    /// Span covered, seconds.
+    pub window_seconds: u64,
+    /// Time to first byte.
+    pub ttfb: Percentiles,
+    /// Whole request.
+    pub duration: Percentiles,
+}
+
+impl FleetView {
+    /// Reads `snapshot`'s live state now, with class latencies over the last `latency_span_s`
+    /// seconds from `metrics`.
+    pub fn read(snapshot: &Snapshot, metrics: &Metrics, latency_span_s: u64) -> FleetView {
+        let (now_ms, now) = (now_ms(), Instant::now());
+        let stale_after = snapshot.config.telemetry.stale_after;
+        FleetView {
+            generation: snapshot.generation,
+            backends: snapshot
+                .backends
+                .iter()
+                .map(|b| backend_view(b, now_ms, now, stale_after))
+                .collect(),
+            classes: snapshot
+                .classes
+                .iter()
+                .map(|c| class_view(snapshot, c, metrics, latency_span_s, now))
+                .collect(),
+        }
+    }
+}
+
+fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -> BackendView {
+    let health = &b.state.health;
+    BackendView {
+        name: b.state.name.clone(),
+        url: b.url.clone(),
+        weight: b.weight,
+        max_outstanding: b.max_outstanding,
+        outstanding: b.state.outstanding.get(),
+        attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
+        health: health.status(),
+        unresolved: b.state.address.unresolved(),
+        ejected: health.is_ejected(now_ms),
+        ejections_total: health.ejections_total(),
+        consecutive_failures: health.consecutive_failures(),
+        eligible: b.state.eligible(now_ms),
+        telemetry: telemetry_view(b, now, stale_after),
+    }
+}
+
+fn telemetry_view(b: &Backend, now: Instant, stale_after: Duration) -> TelemetryView {
+    let last = b.state.telemetry.load_full();
+    let age = last
+        .as_ref()
+        .map(|t| now.saturating_duration_since(t.taken_at));
+    TelemetryView {
+        age_seconds: age.map(|a| a.as_secs_f64()),
+        stale: age.map(|a| a > stale_after),
+        errors_total: b.state.telemetry_errors.load(Ordering::Relaxed),
+        gpus: last
+            .as_ref()
+            .map(|t| {
+                let gpus = t.reading.gpus.iter().enumerate();
+                gpus.map(|(i, g)| GpuView {
+                    gpu: g.label(i),
+                    reading: g.clone(),
+                })
+                .collect()
+            })
+            .unwrap_or_default(),
+        server: last.as_ref().and_then(|t| t.reading.server.clone()),
+    }
+}
+
+fn class_view(
+    snapshot: &Snapshot,
+    c: &Class,
+    metrics: &Metrics,
+    latency_span_s: u64,
+    now: Instant,
+) -> ClassView {
+    let m = metrics.class(&c.name);
+    let (duration, ttfb) = m.percentiles(latency_span_s);
+    ClassView {
+        name: c.name.clone(),
+        pool: snapshot.pools[c.pool].name.clone(),
+        outstanding: c.state.outstanding.get(),
+        queue_depth: c.state.queue.depth(),
+        queue_by_tenant: c.state.queue.depth_by_tenant().into_iter().collect(),
+        requests_total: m.finished_total(),
+        shed_total: m.shed_total(),
+        latency: LatencyView {
+            window_seconds: latency_span_s,
+            ttfb,
+            duration,
+        },
+        placement: c.placement.kind(),
+        service_seconds: snapshot
+            .service_seconds(c, now)
+            .into_iter()
+            .map(|(name, secs)| (name.to_string(), secs))
+            .collect(),
+    }
+}
