@@ -1,4 +1,4 @@
-//! Sending one request of the trace and measuring it.
+//! Sending one request of the trace and measuring it; reading gpulb's `/status`.
 
 use crate::trace::{prompt_text, Class, Req};
 use futures_util::StreamExt;
@@ -37,6 +37,25 @@ pub struct Outcome {
     pub lateness: f64,
 }
 
+impl Outcome {
+    /// `req`'s outcome with nothing measured yet: no TTFT, no time, no tokens, no worker.
+    pub fn new(index: usize, req: &Req, status: Status, lateness: f64) -> Outcome {
+        Outcome {
+            index,
+            class: req.class,
+            tenant: req.tenant,
+            at: req.at,
+            status,
+            ttft: None,
+            e2e: 0.0,
+            tokens: 0,
+            worker: None,
+            lateness,
+        }
+    }
+}
+
+/// The JSON body of `req`: a streaming chat for interactive, a plain completion for bulk.
 pub fn body(req: &Req) -> String {
     let text = prompt_text(req.prompt_chars);
     match req.class {
@@ -68,18 +87,7 @@ pub async fn send(
         .saturating_duration_since(scheduled)
         .as_secs_f64();
     let since = |t: Instant| t.saturating_duration_since(scheduled).as_secs_f64();
-    let mut out = Outcome {
-        index,
-        class: req.class,
-        tenant: req.tenant,
-        at: req.at,
-        status: Status::Error("not sent".into()),
-        ttft: None,
-        e2e: 0.0,
-        tokens: 0,
-        worker: None,
-        lateness,
-    };
+    let mut out = Outcome::new(index, req, Status::Error("not sent".into()), lateness);
     let path = match req.class {
         Class::Interactive => "/v1/chat/completions",
         Class::Bulk => "/v1/completions",
@@ -214,4 +222,10 @@ pub fn client(timeout: Duration) -> reqwest::Client {
         .timeout(timeout)
         .build()
         .expect("reqwest client")
+}
+
+/// gpulb's admin `/status` as JSON; `None` if it does not answer or the body is not JSON.
+pub async fn gpulb_status(client: &reqwest::Client, admin: &str) -> Option<serde_json::Value> {
+    let resp = client.get(format!("{admin}/status")).send().await.ok()?;
+    resp.json::<serde_json::Value>().await.ok()
 }

@@ -1,10 +1,11 @@
-//! Per-target, per-class figures and the markdown tables.
+//! Per-target, per-class figures, the markdown tables, and the results document they make up.
 
 use crate::client::{Outcome, Status};
 use crate::procs::SelfCpu;
 use crate::trace::{Class, INTERACTIVE_TENANTS};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 /// Everything measured while one target served the trace.
 pub struct TargetRun {
@@ -357,4 +358,45 @@ pub fn csv(run: &TargetRun) -> String {
         );
     }
     t
+}
+
+/// The whole results.md of a run: title, run header, configs, then every table.
+pub fn document(
+    seed: u64,
+    head: &str,
+    configs: &[(String, PathBuf)],
+    runs: &[TargetRun],
+    workers: usize,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "### Routing quality, seed {seed}\n");
+    md.push_str(head);
+    let _ = writeln!(
+        md,
+        "- configs: {}",
+        configs
+            .iter()
+            .map(|(n, p)| format!("{n} `{}`", p.display()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(md, "\nPer target and class (latency percentiles over ok requests, measured from each request's scheduled time):\n");
+    md.push_str(&main_table(runs));
+    let _ = writeln!(md, "\nAgainst the target (\"interactive p99 TTFT at most half the best baseline's, bulk throughput no worse\"):\n");
+    md.push_str(&verdict(runs));
+    let _ = writeln!(md, "\nInteractive TTFT by tenant (ok requests):\n");
+    md.push_str(&tenant_table(runs));
+    let _ = writeln!(md, "\nRouting and harness diagnostics (per-gpu lists are gpu0/gpu1/..; waiting/running sampled every 100 ms inside the workers; CPU seconds over the replay):\n");
+    md.push_str(&diagnostics_table(runs, workers));
+    let errors = error_breakdown(runs);
+    if !errors.is_empty() {
+        let _ = writeln!(md, "\nSheds and errors:\n");
+        md.push_str(&errors);
+    }
+    let _ = writeln!(
+        md,
+        "\nHarness process CPU in all (client + fleet + setup): {:.1} s",
+        crate::procs::process_cpu()
+    );
+    md
 }

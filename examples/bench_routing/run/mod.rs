@@ -1,0 +1,122 @@
+//! One benchmark run: the trace and the fleet set up once, every target in turn sent that same
+//! trace, then the results written into the run directory.
+
+mod fleet;
+mod header;
+mod ready;
+mod replay;
+mod target;
+
+use crate::report;
+use crate::targets::Target;
+use crate::trace::{self, TraceSpec};
+use crate::Args;
+use fleet::Bench;
+use std::path::PathBuf;
+use std::sync::Arc;
+use target::Plan;
+
+/// Runs every target of `a` against the simulated fleet and writes DIR/seed-N/results.md.
+pub fn run(a: &Args) -> Result<(), String> {
+    let targets = checked_targets(a)?;
+    let gpulb_bin = gpulb_bin(a, &targets)?;
+    let dir = run_dir(a)?;
+    let spec = trace_spec(a);
+    let trace = Arc::new(trace::generate(&spec));
+    let profiles = fleet::profiles(a);
+    let head = header::header(a, &spec, &trace, &profiles, &gpulb_bin);
+    eprint!("{head}");
+
+    let bench = Bench::start(a.client_threads, &profiles)?;
+    let plan = Plan::new(a, &dir, &gpulb_bin, trace, bench.addrs());
+    let mut runs = Vec::new();
+    let mut configs = Vec::new();
+    for &target in &targets {
+        let (run, config) = target::run_target(&bench, &plan, target)?;
+        configs.push((target.name().to_string(), config));
+        runs.push(run);
+    }
+    // Let the fleet settle before dropping it (bounded).
+    let _ = bench.block_on(fleet::wait_idle(&bench.fleet));
+
+    let md = report::document(a.seed, &head, &configs, &runs, a.workers);
+    let out = dir.join("results.md");
+    std::fs::write(&out, &md).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    println!("{md}");
+    eprintln!("[bench] written to {}", out.display());
+    bench.shutdown();
+    Ok(())
+}
+
+/// The targets to run, once the fleet and weight arguments are known to make sense.
+fn checked_targets(a: &Args) -> Result<Vec<Target>, String> {
+    let targets: Vec<Target> = a
+        .targets
+        .iter()
+        .map(|t| Target::parse(t))
+        .collect::<Result<_, _>>()?;
+    if a.workers == 0 || a.duration <= 0.0 {
+        return Err("--workers and --duration must be > 0".into());
+    }
+    if !a.weights.is_empty() && (a.weights.len() != a.workers || a.weights.contains(&0)) {
+        return Err(format!("--weights needs {} values, each >= 1", a.workers));
+    }
+    Ok(targets)
+}
+
+/// The gpulb binary to start, checked to exist when gpulb is among the targets.
+fn gpulb_bin(a: &Args, targets: &[Target]) -> Result<PathBuf, String> {
+    let gpulb_bin = a.gpulb_bin.clone().unwrap_or_else(default_gpulb_bin);
+    if targets.contains(&Target::Gpulb) && !gpulb_bin.exists() {
+        return Err(format!(
+            "{} not found: run `cargo build --release --bin gpulb --examples` first",
+            gpulb_bin.display()
+        ));
+    }
+    Ok(gpulb_bin)
+}
+
+/// gpulb next to this example (target/PROFILE/gpulb), else target/release/gpulb.
+fn default_gpulb_bin() -> PathBuf {
+    if let Some(p) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent().map(|d| d.join("gpulb")))
+        .filter(|p| p.exists())
+    {
+        return p;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/gpulb")
+}
+
+/// DIR/seed-N, emptied and created afresh, as an absolute path.
+fn run_dir(a: &Args) -> Result<PathBuf, String> {
+    let dir = a.out_dir.join(format!("seed-{}", a.seed));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let dir = dir.canonicalize().map_err(|e| e.to_string())?;
+    // nginx workers may run as another user: let them into the run directory.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    }
+    Ok(dir)
+}
+
+/// The trace's shape from the arguments (a class's burst factor defaults to --burst-factor).
+fn trace_spec(a: &Args) -> TraceSpec {
+    TraceSpec {
+        seed: a.seed,
+        duration: a.duration,
+        interactive_rps: a.interactive_rps,
+        bulk_rps: a.bulk_rps,
+        interactive_burst: a.interactive_burst.unwrap_or(a.burst_factor),
+        bulk_burst: a.bulk_burst.unwrap_or(a.burst_factor),
+        burst_start: a.burst_start,
+        burst_every: a.burst_every,
+        burst_len: a.burst_len,
+        interactive_max_tokens: a.interactive_tokens,
+        interactive_prompt_chars: a.interactive_prompt,
+        bulk_max_tokens: a.bulk_tokens,
+        bulk_prompt_chars: a.bulk_prompt,
+    }
+}

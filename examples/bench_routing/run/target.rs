@@ -1,0 +1,171 @@
+//! One target's turn: started on fresh ports, waited for (with an idle fleet), sent the trace,
+//! measured and stopped; its per-request CSV written.
+
+use super::fleet::{self, Bench};
+use super::ready::wait_ready;
+use super::replay::{self, Endpoint};
+use crate::procs::{self, ChildGuard, SelfCpu};
+use crate::report::{self, TargetRun};
+use crate::targets::{self, GpulbKnobs, Target};
+use crate::trace::{Class, Req};
+use crate::{client, Args};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What every target's turn shares: the arguments, the run directory, the fleet and the trace.
+pub struct Plan<'a> {
+    a: &'a Args,
+    dir: &'a Path,
+    gpulb_bin: &'a Path,
+    knobs: GpulbKnobs,
+    /// `127.0.0.1:PORT` of each worker.
+    workers: Vec<String>,
+    trace: Arc<Vec<Req>>,
+    /// The request bodies, built once (index = trace index).
+    bodies: Arc<Vec<String>>,
+}
+
+impl<'a> Plan<'a> {
+    /// The plan for sending `trace` to targets in front of the workers at `workers`.
+    pub fn new(
+        a: &'a Args,
+        dir: &'a Path,
+        gpulb_bin: &'a Path,
+        trace: Arc<Vec<Req>>,
+        workers: Vec<String>,
+    ) -> Plan<'a> {
+        let bodies = Arc::new(trace.iter().map(client::body).collect::<Vec<_>>());
+        Plan {
+            a,
+            dir,
+            gpulb_bin,
+            knobs: knobs(a),
+            workers,
+            trace,
+            bodies,
+        }
+    }
+
+    fn setup(&self, listen_port: u16, admin_port: u16) -> targets::Setup<'_> {
+        let a = self.a;
+        targets::Setup {
+            dir: self.dir,
+            listen_port,
+            admin_port,
+            workers: &self.workers,
+            threads: a.threads,
+            gpulb: &self.knobs,
+            prio_maxconn: a.prio_maxconn.unwrap_or(a.max_running),
+            weights: (!a.weights.is_empty()).then_some(&a.weights[..]),
+        }
+    }
+}
+
+/// The generated gpulb config's knobs, from the arguments.
+fn knobs(a: &Args) -> GpulbKnobs {
+    GpulbKnobs {
+        max_outstanding: a.gpulb_max_outstanding.unwrap_or(a.max_running),
+        bulk_share: a.bulk_share,
+        bulk_placement: a.bulk_placement.clone(),
+        interactive_placement: a.interactive_placement.clone(),
+        interactive_max_wait: a.interactive_max_wait.clone(),
+        bulk_max_wait: a.bulk_max_wait.clone(),
+        telemetry_interval: a.telemetry_interval.clone(),
+        max_server_queue: a.max_server_queue,
+        interactive_guard_queue: a.interactive_guard_queue,
+        interactive_guard_kv: a.interactive_guard_kv,
+        bulk_guard_kv: a.bulk_guard_kv,
+        access_log: a.gpulb_access_log,
+        template: a.gpulb_config.clone(),
+    }
+}
+
+/// Runs `target` through the trace; returns what was measured and the path of its config.
+pub fn run_target(
+    bench: &Bench,
+    plan: &Plan,
+    target: Target,
+) -> Result<(TargetRun, PathBuf), String> {
+    let name = target.name();
+    let listen_port = free_port().map_err(|e| e.to_string())?;
+    let admin_port = free_port().map_err(|e| e.to_string())?;
+    let setup = plan.setup(listen_port, admin_port);
+    let (mut child, config_path) = targets::start(target, &setup, plan.gpulb_bin)?;
+    let to = Endpoint {
+        base: format!("http://127.0.0.1:{listen_port}"),
+        admin: (target == Target::Gpulb).then(|| format!("http://127.0.0.1:{admin_port}")),
+        status_log: plan.dir.join(format!("{name}-status.jsonl")),
+    };
+    eprintln!(
+        "[bench] {name}: starting (pid {}), config {}",
+        child.pid(),
+        plan.dir.display()
+    );
+    let log = plan.dir.join(format!("{name}.log"));
+    let workers = plan.a.workers;
+    bench.block_on(wait_ready(
+        &mut child,
+        &to.base,
+        to.admin.as_deref(),
+        workers,
+        &log,
+    ))?;
+    if !bench.block_on(fleet::wait_idle(&bench.fleet)) {
+        eprintln!("[bench] warning: the fleet was still busy after 60 s before {name}");
+    }
+    let run = measure(bench, plan, name, &mut child, to);
+    let _ = std::fs::write(
+        plan.dir.join(format!("{name}-requests.csv")),
+        report::csv(&run),
+    );
+    log_summary(&run);
+    Ok((run, config_path))
+}
+
+/// Replays the trace against the running `child`, with the CPU it and the harness spent
+/// meanwhile, then stops it.
+fn measure(
+    bench: &Bench,
+    plan: &Plan,
+    name: &str,
+    child: &mut ChildGuard,
+    to: Endpoint,
+) -> TargetRun {
+    let cpu_before = SelfCpu::read();
+    let proxy_before = procs::group_cpu(child.pid());
+    eprintln!("[bench] {name}: replaying {} requests", plan.trace.len());
+    let r = bench.block_on(replay::replay(
+        plan.a,
+        to,
+        plan.trace.clone(),
+        plan.bodies.clone(),
+        bench.fleet.clone(),
+    ));
+    let proxy_cpu = procs::group_cpu(child.pid()) - proxy_before;
+    let self_cpu = SelfCpu::read().since(cpu_before);
+    if let Some(how) = child.exited() {
+        eprintln!("[bench] warning: {name} exited during the run ({how})");
+    }
+    child.stop();
+    r.into_run(name, self_cpu, proxy_cpu)
+}
+
+/// One progress line: the run's headline figures.
+fn log_summary(run: &TargetRun) {
+    let i = report::class_stats(&run.outcomes, Class::Interactive, None);
+    let b = report::class_stats(&run.outcomes, Class::Bulk, None);
+    eprintln!(
+        "[bench] {}: interactive TTFT p99 {:.0} ms, bulk ok {}/{}, makespan {:.1} s",
+        run.name,
+        i.ttft_p99.unwrap_or(f64::NAN) * 1000.0,
+        b.ok,
+        b.sent,
+        run.makespan
+    );
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
