@@ -224,6 +224,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_address_keeps_its_last_good_value_unless_told_to_forget() {
+        let address = Address::default();
+        assert_eq!(address.get(), None);
+        assert!(address.unresolved().is_some());
+        let failed = || {
+            Err(ResolveError::Failed {
+                authority: "gpu.example:8000".into(),
+                cause: "no answer".into(),
+            })
+        };
+        address.update(failed(), false);
+        assert!(address.unresolved().unwrap().contains("gpu.example:8000"));
+        let at: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+        address.update(Ok(at), false);
+        assert_eq!((address.get(), address.unresolved()), (Some(at), None));
+        // A resolver hiccup does not take a working backend out...
+        address.update(failed(), false);
+        assert_eq!(address.get(), Some(at));
+        // ...but a new URL that does not resolve is not the old server.
+        address.update(failed(), true);
+        assert_eq!(address.get(), None);
+    }
+
+    #[test]
     fn slots_respect_the_cap_and_release_on_drop() {
         let counter = Arc::new(InflightCounter::default());
         let a = counter.try_acquire(2).unwrap();
