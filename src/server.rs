@@ -1,4 +1,6 @@
-//! Assembles the pingora server (proxy service, admin service) from a config and runs it.
+//! Assembles the pingora server from a config and runs it: the proxy service, the background
+//! loops (reload triggers, health checks, telemetry polls, admission dispatch, history) and the
+//! admin service.
 
 use crate::admin::AdminApp;
 use crate::config::Config;

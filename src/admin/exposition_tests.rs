@@ -33,11 +33,13 @@ fn request_path_metrics_count_and_use_llm_buckets() {
     let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     let snap = snapshot(TWO, None);
     let ms = Duration::from_millis;
-    m.request_finished("default", Some("a"), 200, ms(1500), Some(ms(80)));
-    m.request_finished("default", Some("a"), 200, ms(300), None);
-    m.request_finished("default", None, 503, ms(1), None);
-    m.queue_wait("default", ms(40));
-    m.shed("default", "acme", "queue_full");
+    m.class("default")
+        .request_finished(Some("a"), 200, ms(1500), Some(ms(80)));
+    m.class("default")
+        .request_finished(Some("a"), 200, ms(300), None);
+    m.class("default").request_finished(None, 503, ms(1), None);
+    m.class("default").queue_wait(ms(40));
+    m.class("default").shed("acme", "queue_full");
     let text = render(&e, &m, &snap, None);
     let req = |b: &str, s: &str| {
         value(
@@ -78,7 +80,8 @@ fn request_path_metrics_count_and_use_llm_buckets() {
 #[test]
 fn every_family_has_help_and_type() {
     let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
-    m.request_finished("default", Some("a"), 200, Duration::from_millis(5), None);
+    m.class("default")
+        .request_finished(Some("a"), 200, Duration::from_millis(5), None);
     let text = render(&e, &m, &snapshot(TWO, None), None);
     let samples: Vec<&str> = text
         .lines()
@@ -100,7 +103,7 @@ fn every_family_has_help_and_type() {
 fn tenants_past_the_cap_fold_into_other() {
     let (m, e) = (Metrics::new(2), Exposition::default());
     for t in ["t1", "t2", "t3", "t1", "", &"x".repeat(100)] {
-        m.shed("bulk", t, "wait_timeout");
+        m.class("bulk").shed(t, "wait_timeout");
     }
     let text = render(&e, &m, &snapshot(TWO, None), None);
     let shed = |t: &str| {
@@ -220,15 +223,14 @@ fn auth_failures_count() {
 fn the_grafana_example_uses_only_metrics_that_exist() {
     let (m, e) = (Metrics::new(MAX_TENANTS), Exposition::default());
     let snap = snapshot(TWO, None);
-    m.request_finished(
-        "default",
+    m.class("default").request_finished(
         Some("a"),
         200,
         Duration::from_millis(5),
         Some(Duration::ZERO),
     );
-    m.queue_wait("default", Duration::ZERO);
-    m.shed("default", "t", "queue_full");
+    m.class("default").queue_wait(Duration::ZERO);
+    m.class("default").shed("t", "queue_full");
     snap.backends[0]
         .state
         .telemetry

@@ -61,11 +61,6 @@ impl DrainRate {
         self.pressured = depth > 0;
     }
 
-    /// Grants per second, once a window with waiting requests has been observed.
-    pub(super) fn per_second(&self) -> Option<f64> {
-        self.per_second
-    }
-
     /// Time to drain `depth` requests at the observed rate, in [1 s, 60 s]; 1 s when unknown.
     pub(super) fn retry_after(&self, depth: usize) -> Duration {
         match self.per_second {
@@ -91,7 +86,7 @@ mod tests {
         assert_eq!(rate.retry_after(50), MIN_RETRY);
         // Idle windows are not samples.
         rate.roll(start + Duration::from_secs(5), 0, 0);
-        assert_eq!(rate.per_second(), None);
+        assert_eq!(rate.per_second, None);
         assert_eq!(rate.retry_after(0), MIN_RETRY);
     }
 
@@ -103,7 +98,7 @@ mod tests {
         for second in 1..=10u64 {
             rate.roll(start + Duration::from_secs(second), second * 10, 50);
         }
-        let per_second = rate.per_second().unwrap();
+        let per_second = rate.per_second.unwrap();
         assert!((per_second - 10.0).abs() < 0.01, "{per_second}");
         let hint = rate.retry_after(50);
         assert!(hint > Duration::from_millis(4900) && hint < Duration::from_millis(5100));

@@ -175,15 +175,6 @@ impl<L: Send + 'static> ClassQueue<L> {
         self.shared.with_state(|s| s.depth_by_tenant())
     }
 
-    /// Observed grants per second from the queue (smoothed); `None` before any was observed.
-    pub fn drain_per_second(&self) -> Option<f64> {
-        let granted = self.shared.granted();
-        self.shared.with_state(|s| {
-            s.roll(Instant::now(), granted);
-            s.drain_per_second()
-        })
-    }
-
     /// Time the queue needs to drain at its observed rate, in [1 s, 60 s]; 1 s when unknown.
     pub fn retry_after(&self) -> Duration {
         let granted = self.shared.granted();

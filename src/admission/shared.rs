@@ -5,7 +5,7 @@
 //! waiter's sender, a lease sent back by a vanished waiter) is acted on after unlocking.
 
 use super::policy::{QueuePolicy, Shed, ShedReason};
-use super::state::{Grant, State, Waiter};
+use super::state::{Answer, State, Waiter};
 use std::fmt;
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -196,7 +196,7 @@ pub(super) struct WaitGuard<'a, L: Send + 'static> {
     tenant: Arc<str>,
     id: u64,
     /// The waiter's end of its channel.
-    pub(super) rx: oneshot::Receiver<Grant<L>>,
+    pub(super) rx: oneshot::Receiver<Answer<L>>,
     settled: bool,
 }
 
@@ -207,7 +207,7 @@ impl<'a, L: Send + 'static> WaitGuard<'a, L> {
         policy: &'a QueuePolicy,
         tenant: Arc<str>,
         id: u64,
-        rx: oneshot::Receiver<Grant<L>>,
+        rx: oneshot::Receiver<Answer<L>>,
     ) -> Self {
         WaitGuard {
             shared,
@@ -225,7 +225,7 @@ impl<'a, L: Send + 'static> WaitGuard<'a, L> {
     }
 
     /// Leaves the queue; returns what a dispatcher sent if one chose this waiter first.
-    pub(super) fn leave(&mut self) -> Option<Grant<L>> {
+    pub(super) fn leave(&mut self) -> Option<Answer<L>> {
         self.settled = true;
         let removed = self
             .shared

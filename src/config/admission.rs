@@ -1,4 +1,4 @@
-//! Per-class admission settings: the queue, tenant fairness, spill-over and reserved shares.
+//! Per-class admission settings: the queue and tenant fairness.
 
 use super::{defaults, duration};
 use serde::Deserialize;

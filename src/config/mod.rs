@@ -22,7 +22,7 @@ pub use process::{
     AccessLogConfig, AccessLogFormat, AdminConfig, MetricsConfig, ReloadConfig, Timeouts,
 };
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
-pub use validate::{ConfigError, ConfigErrors};
+pub use validate::{ConfigError, ConfigErrors, TokenError};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::{defaults, duration};
+use super::{defaults, duration, ConfigError};
 
 /// Which model server's metric names to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -155,12 +155,16 @@ impl SourceConfig {
     }
 
     /// Checks values serde cannot: a problem is returned as `field: message`.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let error = |path: &str, message: String| ConfigError {
+            path: path.to_string(),
+            message,
+        };
         if self.interval.is_zero() {
-            return Err("interval: must be > 0".to_string());
+            return Err(error("interval", "must be > 0".into()));
         }
         if self.timeout.is_zero() {
-            return Err("timeout: must be > 0".to_string());
+            return Err(error("timeout", "must be > 0".into()));
         }
         let url = match &self.kind {
             SourceKind::Dcgm { url, .. } => Some(url),
@@ -170,7 +174,7 @@ impl SourceConfig {
         match url {
             // reqwest is built without TLS.
             Some(u) if !u.starts_with("http://") => {
-                Err(format!("url: {u:?} must start with http://"))
+                Err(error("url", format!("{u:?} must start with http://")))
             }
             _ => Ok(()),
         }

@@ -187,32 +187,6 @@ impl Metrics {
         }
     }
 
-    /// A request of `class` was answered: once per request, from the logging hook, shed and
-    /// failed ones too (`backend` `None` when it never reached one); `ttfb` when a body byte
-    /// was sent. Costs a few hash lookups; hold [`Metrics::class`] to skip one.
-    pub fn request_finished(
-        &self,
-        class: &str,
-        backend: Option<&str>,
-        status: u16,
-        duration: Duration,
-        ttfb: Option<Duration>,
-    ) {
-        self.class(class)
-            .request_finished(backend, status, duration, ttfb);
-    }
-
-    /// A request of `class` from `tenant` was refused by admission for `reason` (a fixed set,
-    /// e.g. [`crate::admission::ShedReason::as_str`]); it still gets `request_finished`.
-    pub fn shed(&self, class: &str, tenant: &str, reason: &str) {
-        self.class(class).shed(tenant, reason);
-    }
-
-    /// A request of `class` waited `waited` in the queue before it was admitted.
-    pub fn queue_wait(&self, class: &str, waited: Duration) {
-        self.class(class).queue_wait(waited);
-    }
-
     /// An admin request was refused for a missing or wrong token.
     pub fn auth_failure(&self) {
         self.auth_failures.inc();

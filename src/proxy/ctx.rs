@@ -12,39 +12,39 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub struct RequestCtx {
     /// The snapshot the request runs under, loaded once.
-    pub snapshot: Option<Arc<Snapshot>>,
+    pub(crate) snapshot: Option<Arc<Snapshot>>,
     /// Index of its class in the snapshot.
-    pub class: usize,
+    pub(crate) class: usize,
     /// Its tenant (the tenant header's value, or `default`).
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// Counts the request against its class.
-    pub class_slot: Option<Slot>,
+    pub(crate) class_slot: Option<Slot>,
     /// Counts the request against its tenant in the class queue's books.
-    pub tenant_slot: Option<TenantSlot>,
+    pub(crate) tenant_slot: Option<TenantSlot>,
     /// The current attempt's backend slot.
-    pub lease: Option<Lease>,
+    pub(crate) lease: Option<Lease>,
     /// Backends whose connect failed for this request; never chosen again for it.
-    pub failed: Vec<usize>,
+    pub(crate) failed: Vec<usize>,
     /// Request id, forwarded and echoed.
-    pub request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
     /// Why the request failed or was refused, when it did.
-    pub failure: Option<ProxyError>,
+    pub(crate) failure: Option<ProxyError>,
     /// The current attempt's outcome already went to outlier detection.
-    pub outcome_reported: bool,
+    pub(crate) outcome_reported: bool,
     /// When `request_filter` began.
-    pub started: Option<Instant>,
+    pub(crate) started: Option<Instant>,
     /// Time spent waiting in the class queue.
-    pub queued_for: Duration,
+    pub(crate) queued_for: Duration,
     /// When the response header arrived from the backend.
-    pub first_byte: Option<Instant>,
+    pub(crate) first_byte: Option<Instant>,
     /// When the first response body byte went to the client (the first token, when streaming).
-    pub first_body_byte: Option<Instant>,
+    pub(crate) first_body_byte: Option<Instant>,
     /// Attempts sent to backends (retries included).
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Index of the backend of the latest attempt.
-    pub backend: Option<usize>,
+    pub(crate) backend: Option<usize>,
     /// Metric handles of the request's class.
-    pub class_metrics: Option<Arc<ClassMetrics>>,
+    pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
 }
 
 impl RequestCtx {

@@ -32,10 +32,14 @@ fn rates_and_latency_come_from_the_class_metrics() {
     history.record(&registry.load(), &metrics, None);
     std::thread::sleep(Duration::from_millis(20));
     for _ in 0..4 {
-        metrics.shed("default", "t", "queue_full");
-        metrics.request_finished("default", None, 429, Duration::from_millis(2), None);
+        metrics.class("default").shed("t", "queue_full");
+        metrics
+            .class("default")
+            .request_finished(None, 429, Duration::from_millis(2), None);
     }
-    metrics.request_finished("default", Some("a"), 200, Duration::from_secs(2), None);
+    metrics
+        .class("default")
+        .request_finished(Some("a"), 200, Duration::from_secs(2), None);
     history.record(&registry.load(), &metrics, None);
     let page = history.since(1);
     let c = &page.samples[0].classes[0];

@@ -12,17 +12,17 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// What a waiter is sent: a lease, or the reason it was pushed out of the queue.
-pub(super) type Grant<L> = Result<L, ShedReason>;
+pub(super) type Answer<L> = Result<L, ShedReason>;
 
 /// The queue's end of one waiting request's channel.
-pub(super) type Waiter<L> = oneshot::Sender<Grant<L>>;
+pub(super) type Waiter<L> = oneshot::Sender<Answer<L>>;
 
 /// A place taken in the queue.
 pub(super) struct Ticket<L> {
     /// The waiter's arrival id (unique, increasing).
     pub(super) id: u64,
     /// The waiter's end of its channel.
-    pub(super) rx: oneshot::Receiver<Grant<L>>,
+    pub(super) rx: oneshot::Receiver<Answer<L>>,
     /// A waiter pushed out to make room, to be told so once the lock is released.
     pub(super) evicted: Option<Waiter<L>>,
 }
@@ -104,11 +104,6 @@ impl<L> State<L> {
     /// Closes the drain-rate window if due; `granted` is the running total of queue grants.
     pub(super) fn roll(&mut self, now: Instant, granted: u64) {
         self.drain.roll(now, granted, self.depth());
-    }
-
-    /// Observed grants per second, if known.
-    pub(super) fn drain_per_second(&self) -> Option<f64> {
-        self.drain.per_second()
     }
 
     /// Retry-After estimate from the observed drain rate.

@@ -2,6 +2,8 @@
 
 mod rules;
 
+pub use rules::TokenError;
+
 use rules::validate_admission;
 
 use super::compiled::{Compiled, MatchRule, Upstream};
@@ -128,7 +130,7 @@ impl Config {
                 "must differ from listen",
             );
             match admin.token() {
-                Err(message) => report.error("admin", message),
+                Err(problem) => report.error("admin", problem.to_string()),
                 Ok(None) if !admin.listen.ip().is_loopback() => report.error(
                     "admin.listen",
                     "a non-loopback admin listener needs token_env or token_file",

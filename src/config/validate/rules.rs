@@ -16,8 +16,8 @@ impl Config {
         for (i, backend) in self.backends.iter().enumerate() {
             for (j, source) in backend.telemetry.iter().enumerate() {
                 if let Err(problem) = source.validate() {
-                    let (field, message) = problem.split_once(": ").unwrap_or(("", &problem));
-                    report.error(format!("backends[{i}].telemetry[{j}].{field}"), message);
+                    let at = format!("backends[{i}].telemetry[{j}].{}", problem.path);
+                    report.error(at, problem.message);
                 }
             }
         }
@@ -173,24 +173,46 @@ fn check_health(h: &crate::config::HealthCheck, at: &str, report: &mut Report) {
 
 impl crate::config::AdminConfig {
     /// The admin bearer token from `token_env` or `token_file`; `None` when neither is set.
-    pub fn token(&self) -> Result<Option<String>, String> {
+    pub fn token(&self) -> Result<Option<String>, TokenError> {
         match (&self.token_env, &self.token_file) {
-            (Some(_), Some(_)) => Err("set token_env or token_file, not both".into()),
+            (Some(_), Some(_)) => Err(TokenError::Both),
             (Some(var), None) => match std::env::var(var) {
                 Ok(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_string())),
-                _ => Err(format!(
-                    "token_env: environment variable {var} is not set or empty"
-                )),
+                _ => Err(TokenError::EnvUnset(var.clone())),
             },
             (None, Some(path)) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("token_file: cannot read {}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(path).map_err(|e| TokenError::Unreadable {
+                    path: path.display().to_string(),
+                    cause: e.to_string(),
+                })?;
                 match text.lines().next().map(str::trim) {
                     Some(token) if !token.is_empty() => Ok(Some(token.to_string())),
-                    _ => Err(format!("token_file: {} holds no token", path.display())),
+                    _ => Err(TokenError::Empty(path.display().to_string())),
                 }
             }
             (None, None) => Ok(None),
         }
     }
+}
+
+/// Why the admin token could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Both sources are set.
+    #[error("set token_env or token_file, not both")]
+    Both,
+    /// The environment variable is missing or blank.
+    #[error("token_env: environment variable {0} is not set or empty")]
+    EnvUnset(String),
+    /// The file could not be read.
+    #[error("token_file: cannot read {path}: {cause}")]
+    Unreadable {
+        /// The file.
+        path: String,
+        /// The cause.
+        cause: String,
+    },
+    /// The file's first line is blank.
+    #[error("token_file: {0} holds no token")]
+    Empty(String),
 }
