@@ -189,8 +189,7 @@ async fn a_dropped_waiter_frees_its_place() {
     let pool = Pool::new(0);
     let q = ClassQueue::new();
     let p = policy(Fairness::EqualShare, 10);
-    let first = waiting(&q, "a", &p, &pool);
-    let mut second = waiting(&q, "b", &p, &pool);
+    let (first, mut second) = two_waiting(&q, &p, &pool);
     assert_eq!(q.depth(), 2);
     drop(first);
     assert_eq!(q.depth(), 1);
@@ -228,21 +227,35 @@ async fn tenant_cap_refuses_with_429() {
     assert_eq!(shed.reason, ShedReason::TenantCap);
 }
 
+/// Two admissions that wait, of tenants `a` and `b` in that order.
+fn two_waiting<'a>(
+    q: &'a ClassQueue<TestLease>,
+    p: &'a QueuePolicy,
+    pool: &Arc<Pool>,
+) -> (Pending<'a>, Pending<'a>) {
+    (waiting(q, "a", p, pool), waiting(q, "b", p, pool))
+}
+
+/// Polls `waiter` to its admission and checks that it holds the pool's first lease, with no
+/// lease lost on the way.
+fn admitted_with_first_lease(waiter: &mut Pending<'_>, pool: &Pool) -> Admitted<TestLease> {
+    let admitted = poll(waiter).expect("served").expect("admitted");
+    assert_eq!(admitted.lease.id, 0);
+    assert_eq!((pool.created(), pool.dropped()), (1, 0));
+    admitted
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_sent_to_a_vanished_waiter_goes_to_the_next() {
     let pool = Pool::new(0);
     let q = ClassQueue::new();
     let p = policy(Fairness::BestEffort, 10);
-    let first = waiting(&q, "a", &p, &pool);
-    let mut second = waiting(&q, "b", &p, &pool);
+    let (first, mut second) = two_waiting(&q, &p, &pool);
     pool.add(1);
     q.dispatch(&p, pool.acquirer());
     // The lease sits in the first waiter's channel; the client leaves before reading it.
     drop(first);
-    let admitted = poll(&mut second).expect("served").expect("admitted");
-    assert_eq!(admitted.lease.id, 0);
-    assert_eq!((pool.created(), pool.dropped()), (1, 0));
-    drop(admitted);
+    drop(admitted_with_first_lease(&mut second, &pool));
     assert_eq!(pool.dropped(), 1);
 }
 
@@ -251,8 +264,7 @@ async fn a_waiter_vanishing_between_choice_and_send_loses_no_lease() {
     let pool = Pool::new(0);
     let q = ClassQueue::new();
     let p = policy(Fairness::BestEffort, 10);
-    let first = waiting(&q, "a", &p, &pool);
-    let mut second = waiting(&q, "b", &p, &pool);
+    let (first, mut second) = two_waiting(&q, &p, &pool);
     // The steps of `dispatch`, with the first waiter leaving between choice and send.
     pool.add(1);
     let lease = pool.acquirer()().expect("a free slot");
@@ -261,9 +273,7 @@ async fn a_waiter_vanishing_between_choice_and_send_loses_no_lease() {
     let back = q.shared.send(chosen, lease);
     assert!(back.is_some(), "the send fails and the lease comes back");
     q.shared.deliver(&p, back, &mut || None);
-    let admitted = poll(&mut second).expect("served").expect("admitted");
-    assert_eq!(admitted.lease.id, 0);
-    assert_eq!((pool.created(), pool.dropped()), (1, 0));
+    let _admitted = admitted_with_first_lease(&mut second, &pool);
     // With nobody left to take it, a returned lease is dropped, not kept.
     let third = waiting(&q, "c", &p, &pool);
     pool.add(1);

@@ -1,5 +1,5 @@
 //! Backend health: active check status and passive ejection, and why a backend failed.
-//! The checks themselves run as background tasks ([`crate::tasks`]).
+//! The checks themselves run as background tasks (the `tasks` module).
 
 mod failure;
 mod state;

@@ -3,7 +3,7 @@
 //!
 //! Request-path figures (requests, latencies, sheds) are recorded here as they happen. Live state
 //! that already sits in atomics (backends, health, queues, telemetry, reloads) is not copied
-//! here: the admin's exposition reads it from a [`crate::view::FleetView`] at scrape time, so
+//! here: the admin exposition reads it from the fleet view (`view.rs`) at scrape time, so
 //! nothing is counted twice and backends removed by a reload vanish from the next scrape.
 
 mod class;

@@ -119,14 +119,7 @@ fn max_ratio(s: &Scrape, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn load(running: Option<f64>, waiting: Option<f64>, kv: Option<f64>) -> Option<ServerLoad> {
-        Some(ServerLoad {
-            running,
-            waiting,
-            kv_cache_usage: kv,
-        })
-    }
+    use crate::telemetry::tests::load;
 
     #[test]
     fn sums_counts_and_takes_max_ratio_over_engines() {

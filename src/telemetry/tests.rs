@@ -9,7 +9,12 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-fn load(running: Option<f64>, waiting: Option<f64>, kv: Option<f64>) -> Option<ServerLoad> {
+/// A server load with these figures.
+pub(super) fn load(
+    running: Option<f64>,
+    waiting: Option<f64>,
+    kv: Option<f64>,
+) -> Option<ServerLoad> {
     Some(ServerLoad {
         running,
         waiting,

@@ -14,6 +14,13 @@ pub(super) async fn within<F: Future>(f: F) -> F::Output {
         .expect("test step timed out")
 }
 
+/// GETs `url` and reads the answer as JSON, within the step limit.
+async fn get_json(c: &reqwest::Client, url: String) -> Value {
+    within(async { c.get(url).send().await?.json().await })
+        .await
+        .unwrap()
+}
+
 pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -67,15 +74,7 @@ async fn completion_and_chat_shapes() {
         (2, 2, 0, 0)
     );
 
-    let v: Value = within(async {
-        c.get(format!("{}/v1/models", w.url()))
-            .send()
-            .await?
-            .json()
-            .await
-    })
-    .await
-    .unwrap();
+    let v = get_json(&c, format!("{}/v1/models", w.url())).await;
     assert_eq!(v["data"][0]["id"], "sim-model");
     assert_eq!(v["data"][0]["owned_by"], "gpulb-sim");
 }
@@ -212,14 +211,6 @@ async fn errors_have_openai_shape() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(r.headers()["x-sim-worker"], "x");
-    let v: Value = within(async {
-        c.get(format!("{}/sleep/20", w.url()))
-            .send()
-            .await?
-            .json()
-            .await
-    })
-    .await
-    .unwrap();
+    let v = get_json(&c, format!("{}/sleep/20", w.url())).await;
     assert_eq!(v, json!({"worker": "x", "slept_ms": 20}));
 }
