@@ -48,11 +48,7 @@ impl Proxy {
         Proxy::spawn_with(body, "", &[]).await
     }
 
-    pub(super) async fn spawn_with(
-        body: impl Display,
-        admin_extra: &str,
-        env: &[(&str, &str)],
-    ) -> Proxy {
+    async fn spawn_with(body: impl Display, admin_extra: &str, env: &[(&str, &str)]) -> Proxy {
         let (port, admin_port) = (free_port(), free_port());
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("gpulb.yaml");
