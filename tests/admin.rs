@@ -3,10 +3,8 @@
 
 mod common;
 
-use common::{backends_yaml, completion, eventually, start_workers, telemetry_fleet_yaml, Proxy};
+use common::{eventually, served_by, start_fleet, start_workers, Config, Proxy, Req, WAIT};
 use std::time::Duration;
-
-const LIMIT: Duration = Duration::from_secs(15);
 
 /// `GET /metrics` text.
 async fn scrape(proxy: &Proxy) -> String {
@@ -34,29 +32,19 @@ fn sum(text: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// Sends `n` completions of four tokens, one after the other, each answered 200.
 async fn send(proxy: &Proxy, n: usize) {
-    let client = reqwest::Client::new();
-    for _ in 0..n {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .header("content-type", "application/json")
-            .body(completion(4, false))
-            .send()
-            .await
-            .expect("request");
-        assert_eq!(resp.status(), 200);
-        resp.bytes().await.expect("body");
-    }
+    served_by(&proxy.send_n(n, &Req::completion(4)).await);
 }
 
 #[tokio::test]
 async fn scrape_time_metrics_follow_the_fleet() {
     let workers = start_workers(2, |_| {}).await;
-    let proxy = Proxy::start(&telemetry_fleet_yaml(&workers)).await;
+    let proxy = Proxy::start(Config::telemetry_fleet(&workers)).await;
     send(&proxy, 6).await;
     proxy.wait_idle().await;
 
-    let text = eventually(LIMIT, "GPU telemetry and host CPU in /metrics", || async {
+    let text = eventually(WAIT, "GPU telemetry and host CPU in /metrics", || async {
         let text = scrape(&proxy).await;
         let ready = ["w0", "w1"].iter().all(|b| {
             text.contains(&format!(
@@ -110,7 +98,7 @@ async fn scrape_time_metrics_follow_the_fleet() {
 
     // A backend dies: it turns unhealthy in /metrics and /status, and its telemetry fails.
     workers[1].kill_and_wait().await;
-    let text = eventually(LIMIT, "w1 unhealthy in /metrics", || async {
+    let text = eventually(WAIT, "w1 unhealthy in /metrics", || async {
         let text = scrape(&proxy).await;
         (value(&text, "gpulb_backend_healthy{backend=\"w1\"}") == Some(0.0)).then_some(text)
     })
@@ -123,7 +111,7 @@ async fn scrape_time_metrics_follow_the_fleet() {
         value(&text, "gpulb_backend_healthy{backend=\"w0\"}"),
         Some(1.0)
     );
-    eventually(LIMIT, "w1 telemetry errors counted", || async {
+    eventually(WAIT, "w1 telemetry errors counted", || async {
         let text = scrape(&proxy).await;
         let errors = value(&text, "gpulb_telemetry_errors_total{backend=\"w1\"}")?;
         (errors > 0.0).then_some(())
@@ -146,8 +134,8 @@ async fn scrape_time_metrics_follow_the_fleet() {
 #[tokio::test]
 async fn status_shows_telemetry_queues_and_latency() {
     let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&telemetry_fleet_yaml(&workers)).await;
-    let status = eventually(LIMIT, "telemetry in /status", || async {
+    let proxy = Proxy::start(Config::telemetry_fleet(&workers)).await;
+    let status = eventually(WAIT, "telemetry in /status", || async {
         let status = proxy.status().await;
         let t = &status["backends"][0]["telemetry"];
         (t["age_seconds"].is_number() && t["gpus"][0]["utilization"].is_number()).then_some(status)
@@ -174,28 +162,18 @@ async fn status_shows_telemetry_queues_and_latency() {
 #[tokio::test]
 async fn outstanding_rises_during_a_stream_and_returns_to_zero() {
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(20)).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let url = format!("{}/v1/completions", proxy.url);
-    let stream = tokio::spawn(async move {
-        let resp = reqwest::Client::new()
-            .post(url)
-            .header("content-type", "application/json")
-            .body(completion(100, true))
-            .send()
-            .await
-            .expect("stream request");
-        resp.bytes().await.expect("stream body");
-    });
-    eventually(LIMIT, "outstanding 1 while streaming", || async {
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let stream = proxy.spawn(Req::completion_stream(100));
+    eventually(WAIT, "outstanding 1 while streaming", || async {
         let text = scrape(&proxy).await;
         (value(&text, "gpulb_backend_outstanding{backend=\"w0\"}") == Some(1.0)).then_some(())
     })
     .await;
-    tokio::time::timeout(LIMIT, stream)
+    tokio::time::timeout(WAIT, stream)
         .await
         .expect("stream ends")
         .unwrap();
-    eventually(LIMIT, "outstanding back to 0", || async {
+    eventually(WAIT, "outstanding back to 0", || async {
         let text = scrape(&proxy).await;
         let idle = value(&text, "gpulb_backend_outstanding{backend=\"w0\"}") == Some(0.0)
             && value(&text, "gpulb_class_outstanding{class=\"default\"}") == Some(0.0);
@@ -207,35 +185,18 @@ async fn outstanding_rises_during_a_stream_and_returns_to_zero() {
 #[tokio::test]
 async fn auth_failures_are_counted_and_reloads_too() {
     let workers = start_workers(2, |_| {}).await;
-    let body = backends_yaml(&workers, |_| String::new());
-    let token = ("GPULB_ADMIN_TEST_TOKEN", "s3cret");
-    let proxy = Proxy::start_with(&body, ", token_env: GPULB_ADMIN_TEST_TOKEN", &[token]).await;
-    let client = reqwest::Client::new();
-    let reload = format!("{}/reload", proxy.admin);
-    assert_eq!(client.post(&reload).send().await.unwrap().status(), 401);
-    let wrong = client
-        .post(&reload)
-        .bearer_auth("nope")
-        .send()
-        .await
-        .unwrap();
+    let proxy = Proxy::start_with_token(Config::fleet(&workers), "s3cret").await;
+    assert_eq!(proxy.post_reload(None).await.status(), 401);
+    let wrong = proxy.post_reload(Some("nope")).await;
     assert_eq!(wrong.status(), 401);
     let text = scrape(&proxy).await;
     assert_eq!(value(&text, "gpulb_admin_auth_failures_total"), Some(2.0));
 
-    let right = client
-        .post(&reload)
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let right = proxy.post_reload(Some("s3cret")).await;
     assert_eq!(right.status(), 200);
     // Drop w1 and break nothing: applied; then a broken file: rejected, w0 keeps serving.
-    proxy.rewrite_config(&backends_yaml(&workers[..1], |_| String::new()));
-    eventually(LIMIT, "generation 2", || async {
-        (proxy.generation().await == 2).then_some(())
-    })
-    .await;
+    proxy.rewrite_config(Config::fleet(&workers[..1]));
+    proxy.wait_generation(2).await;
     let text = scrape(&proxy).await;
     assert!(!text.contains("backend=\"w1\""), "{text}");
     assert_eq!(value(&text, "gpulb_config_generation"), Some(2.0));
@@ -246,8 +207,9 @@ async fn auth_failures_are_counted_and_reloads_too() {
         value(&text, "gpulb_config_reloads_total{result=\"applied\"}"),
         Some(1.0)
     );
+    // Raw YAML: the unsupported scheme is the point.
     proxy.rewrite_config("backends: [{name: w0, url: 'ftp://x'}]\n");
-    let text = eventually(LIMIT, "a rejected reload counted", || async {
+    let text = eventually(WAIT, "a rejected reload counted", || async {
         let text = scrape(&proxy).await;
         (value(&text, "gpulb_config_reloads_total{result=\"rejected\"}") == Some(1.0))
             .then_some(text)
@@ -259,8 +221,7 @@ async fn auth_failures_are_counted_and_reloads_too() {
 
 #[tokio::test]
 async fn history_grows_and_pages_by_seq() {
-    let workers = start_workers(2, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let (_workers, proxy) = start_fleet(2).await;
     let get = |since: u64| {
         let url = format!("{}/history?since={since}", proxy.admin);
         async move {
@@ -272,7 +233,7 @@ async fn history_grows_and_pages_by_seq() {
                 .expect("history json")
         }
     };
-    let page = eventually(LIMIT, "two samples", || async {
+    let page = eventually(WAIT, "two samples", || async {
         let page = get(0).await;
         (page["samples"].as_array()?.len() >= 2).then_some(page)
     })
@@ -288,7 +249,7 @@ async fn history_grows_and_pages_by_seq() {
     assert_eq!(samples[0]["classes"][0]["name"], "default");
     let last = samples.last().unwrap()["seq"].as_u64().unwrap();
     assert_eq!(page["latest"], last);
-    let later = eventually(LIMIT, "a newer sample", || async {
+    let later = eventually(WAIT, "a newer sample", || async {
         let page = get(last).await;
         (!page["samples"].as_array()?.is_empty()).then_some(page)
     })
@@ -300,10 +261,9 @@ async fn history_grows_and_pages_by_seq() {
 /// `Metrics::queue_wait` and `Metrics::shed` (see the metrics module).
 #[tokio::test]
 async fn request_path_metrics_move_with_traffic() {
-    let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let (workers, proxy) = start_fleet(1).await;
     send(&proxy, 3).await;
-    let text = eventually(LIMIT, "requests counted", || async {
+    let text = eventually(WAIT, "requests counted", || async {
         let text = scrape(&proxy).await;
         let n = value(
             &text,
@@ -330,10 +290,10 @@ async fn request_path_metrics_move_with_traffic() {
     // A dead fleet: requests answered without a backend count under backend "none".
     workers[0].kill_and_wait().await;
     proxy.wait_idle().await;
-    eventually(LIMIT, "unrouted requests counted", || async {
-        let _ = reqwest::Client::new()
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(1, false))
+    eventually(WAIT, "unrouted requests counted", || async {
+        // Only its being counted matters, not how it ends.
+        let _ = Req::completion(1)
+            .request(&proxy.client, &proxy.url)
             .send()
             .await;
         let text = scrape(&proxy).await;

@@ -3,16 +3,12 @@
 
 mod common;
 
-use common::{completion, eventually, start_workers, telemetry_fleet_yaml, Proxy};
+use common::{eventually, start_workers, Config, Proxy, Req, PAGE_DUMP, WAIT};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
-const LIMIT: Duration = Duration::from_secs(20);
-/// Longest one page dump may take, browser start included.
-const DUMP_LIMIT: Duration = Duration::from_secs(60);
 
 /// Kills a whole process group (the browser and its helpers) when dropped.
 struct Group(i32);
@@ -63,17 +59,11 @@ async fn dump_dom(url: &str, budget_ms: u32) -> String {
         .spawn()
         .expect("start chromium");
     let group = Group(child.id() as i32);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for chromium") {
-            break status;
-        }
-        assert!(
-            start.elapsed() < DUMP_LIMIT,
-            "chromium did not finish within {DUMP_LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = eventually(PAGE_DUMP, "chromium to finish its dump", || {
+        let exited = child.try_wait().expect("wait for chromium");
+        async move { exited }
+    })
+    .await;
     drop(group);
     assert!(status.success(), "chromium failed: {status}");
     std::fs::read_to_string(&out_path).expect("read dom")
@@ -133,17 +123,8 @@ async fn latest(proxy: &Proxy) -> u64 {
 #[tokio::test]
 async fn dashboard_shows_the_fleet_and_its_charts_update_in_a_browser() {
     let workers = start_workers(2, |_| {}).await;
-    let proxy = Proxy::start(&telemetry_fleet_yaml(&workers)).await;
-    let client = reqwest::Client::new();
-    for _ in 0..4 {
-        let resp = client
-            .post(format!("{}/v1/completions", proxy.url))
-            .body(completion(4, false))
-            .send()
-            .await
-            .expect("request");
-        resp.bytes().await.expect("body");
-    }
+    let proxy = Proxy::start(Config::telemetry_fleet(&workers)).await;
+    proxy.send_n(4, &Req::completion(4)).await;
     let page = reqwest::get(format!("{}/dashboard", proxy.admin))
         .await
         .expect("dashboard");
@@ -153,7 +134,7 @@ async fn dashboard_shows_the_fleet_and_its_charts_update_in_a_browser() {
         !html.contains("://"),
         "the dashboard must not load anything from elsewhere"
     );
-    eventually(LIMIT, "two history samples", || async {
+    eventually(WAIT, "two history samples", || async {
         (latest(&proxy).await >= 2).then_some(())
     })
     .await;
@@ -180,7 +161,7 @@ async fn dashboard_shows_the_fleet_and_its_charts_update_in_a_browser() {
     // A backend dies and more samples arrive: the next load shows both.
     workers[1].kill_and_wait().await;
     let seen = latest(&proxy).await;
-    eventually(LIMIT, "w1 unhealthy and newer samples", || async {
+    eventually(WAIT, "w1 unhealthy and newer samples", || async {
         let status = proxy.status().await;
         let down = status["backends"][1]["eligible"] == false;
         (down && latest(&proxy).await >= seen + 2).then_some(())

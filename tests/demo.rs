@@ -2,18 +2,8 @@
 
 mod common;
 
-use common::*;
+use common::{eventually, free_port, Answer, Killed, Req, WAIT};
 use std::process::{Command, Stdio};
-use std::time::Duration;
-
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_routes_a_streamed_chat_completion() {
@@ -33,31 +23,17 @@ async fn demo_routes_a_streamed_chat_completion() {
             .unwrap(),
     );
     let status_url = format!("http://127.0.0.1:{admin}/status");
-    eventually(
-        Duration::from_secs(15),
-        "the demo fleet to be healthy",
-        || async {
-            let status: serde_json::Value =
-                reqwest::get(&status_url).await.ok()?.json().await.ok()?;
-            let backends = status["backends"].as_array()?;
-            (backends.len() == 4 && backends.iter().all(|b| b["eligible"] == true)).then_some(())
-        },
-    )
+    eventually(WAIT, "the demo fleet to be healthy", || async {
+        let status: serde_json::Value = reqwest::get(&status_url).await.ok()?.json().await.ok()?;
+        let backends = status["backends"].as_array()?;
+        (backends.len() == 4 && backends.iter().all(|b| b["eligible"] == true)).then_some(())
+    })
     .await;
-    let body = r#"{"model":"sim","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
-    let resp = reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(resp.headers()["x-sim-worker"]
-        .to_str()
-        .unwrap()
-        .starts_with("gpu"));
-    let text = resp.text().await.unwrap();
-    assert_eq!(text.matches("data: {").count(), 8);
-    assert!(text.ends_with("data: [DONE]\n\n"));
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let resp = Answer::read(Req::chat_stream(8).send(&client, &base).await).await;
+    assert_eq!(resp.status, 200);
+    assert!(resp.header("x-sim-worker").unwrap().starts_with("gpu"));
+    assert_eq!(resp.body.matches("data: {").count(), 8);
+    assert!(resp.body.ends_with("data: [DONE]\n\n"));
 }

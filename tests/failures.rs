@@ -2,27 +2,22 @@
 
 mod common;
 
-use common::*;
+use common::{
+    backend_field, eventually, free_port, start_fleet, start_workers, Backend, Config, Proxy, Req,
+    WAIT,
+};
 use gpulb::tools::sim::Fault;
 use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_pass_through_and_release_slots() {
     let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&format!(
-        "outlier_detection: {{consecutive_failures: 0}}\n{}",
-        backends_yaml(&workers, |_| String::new())
-    ))
-    .await;
+    let config = Config::fleet(&workers).set("outlier_detection", "{consecutive_failures: 0}");
+    let proxy = Proxy::start(config).await;
     workers[0].set_fault(Fault::ServerError);
-    let client = reqwest::Client::new();
-    for _ in 0..5 {
-        let resp = proxy.complete(&client, 2, false).await;
+    for resp in proxy.send_n(5, &Req::completion(2)).await {
         assert_eq!(
-            resp.status(),
-            500,
+            resp.status, 500,
             "the backend's own error reaches the client"
         );
     }
@@ -36,9 +31,10 @@ async fn upstream_errors_pass_through_and_release_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_leaving_mid_stream_releases_the_slot_and_cancels_upstream() {
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(20)).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    // Its own client, dropped below with the response, so the connection goes with them.
     let client = reqwest::Client::new();
-    let mut resp = proxy.complete(&client, 5000, true).await;
+    let mut resp = Req::completion_stream(5000).send(&client, &proxy.url).await;
     assert_eq!(resp.status(), 200);
     let first = tokio::time::timeout(WAIT, resp.chunk())
         .await
@@ -63,9 +59,8 @@ async fn client_leaving_mid_stream_releases_the_slot_and_cancels_upstream() {
 async fn backend_dying_mid_stream_releases_the_slot() {
     let workers = start_workers(1, |_| {}).await;
     workers[0].set_fault(Fault::DieMidStream { after_tokens: 3 });
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let client = reqwest::Client::new();
-    let resp = proxy.complete(&client, 50, true).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let resp = proxy.open(&Req::completion_stream(50)).await;
     assert_eq!(resp.status(), 200);
     let body = tokio::time::timeout(WAIT, resp.bytes()).await.unwrap();
     assert!(
@@ -81,17 +76,17 @@ async fn connect_failure_retries_on_a_live_backend() {
     let dead_port = free_port();
     // The dead backend weighs 10, so it always looks least loaded and is tried first; ejection
     // is off so every request meets it.
-    let config = format!(
-        "outlier_detection: {{consecutive_failures: 0}}\nbackends:\n  - {{name: dead, url: \"http://127.0.0.1:{dead_port}\", weight: 10, health_check: {{enabled: false}}}}\n  \
-         - {{name: w0, url: \"{}\"}}\n",
-        workers[0].url()
-    );
-    let proxy = Proxy::start(&config).await;
-    let client = reqwest::Client::new();
-    for _ in 0..10 {
-        let resp = proxy.complete(&client, 1, false).await;
-        assert_eq!(resp.status(), 200);
-        assert_eq!(worker_of(&resp), "w0");
+    let dead = Backend::at("dead", &format!("http://127.0.0.1:{dead_port}"))
+        .weight(10)
+        .unchecked();
+    let config = Config::new()
+        .set("outlier_detection", "{consecutive_failures: 0}")
+        .backend(dead)
+        .backend(Backend::of(&workers[0]));
+    let proxy = Proxy::start(config).await;
+    for resp in proxy.send_n(10, &Req::completion(1)).await {
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.worker, "w0");
     }
     let status = proxy.status().await;
     assert_eq!(backend_field(&status, "dead", "attempts_total"), 10);
@@ -101,20 +96,21 @@ async fn connect_failure_retries_on_a_live_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_backends_dead_gives_503_after_bounded_retries() {
-    let config = format!(
-        "connect_retries: 5\nhealth_check: {{enabled: false}}\nbackends:\n  - {{name: a, url: \"http://127.0.0.1:{}\"}}\n  - {{name: b, url: \"http://127.0.0.1:{}\"}}\n",
-        free_port(),
-        free_port()
-    );
-    let proxy = Proxy::start(&config).await;
-    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
-    assert_eq!(resp.status(), 503);
+    let nowhere = |name: &str| Backend::at(name, &format!("http://127.0.0.1:{}", free_port()));
+    let config = Config::new()
+        .set("connect_retries", 5)
+        .set("health_check", "{enabled: false}")
+        .backend(nowhere("a"))
+        .backend(nowhere("b"));
+    let proxy = Proxy::start(config).await;
+    let resp = proxy.send(&Req::completion(1)).await;
+    assert_eq!(resp.status, 503);
     assert_eq!(
-        resp.headers()["connection"],
-        "close",
+        resp.header("connection"),
+        Some("close"),
         "the proxy closes after a failed proxy attempt"
     );
-    let body: serde_json::Value = resp.json().await.unwrap();
+    let body = resp.json();
     assert_eq!(body["error"]["code"], "no_backend_available");
     let status = proxy.status().await;
     assert_eq!(
@@ -128,17 +124,12 @@ async fn all_backends_dead_gives_503_after_bounded_retries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_backend_is_retried_around() {
-    let workers = start_workers(2, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let client = reqwest::Client::new();
-    for _ in 0..4 {
-        proxy.complete(&client, 1, false).await;
-    }
+    let (workers, proxy) = start_fleet(2).await;
+    proxy.send_n(4, &Req::completion(1)).await;
     workers[0].kill_and_wait().await;
-    for _ in 0..10 {
-        let resp = proxy.complete(&client, 1, false).await;
-        assert_eq!(resp.status(), 200);
-        assert_eq!(worker_of(&resp), "w1");
+    for resp in proxy.send_n(10, &Req::completion(1)).await {
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.worker, "w1");
     }
     proxy.wait_idle().await;
 }

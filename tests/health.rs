@@ -2,48 +2,44 @@
 
 mod common;
 
-use common::*;
+use common::{start_workers, Config, Proxy, Req};
 use gpulb::tools::sim::{Fault, SimWorker, WorkerProfile};
 use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_backend_leaves_within_fall_and_returns_after_rise() {
     let mut workers = start_workers(2, |_| {}).await;
-    let config = format!(
-        "health_check: {{interval: 100ms, timeout: 200ms, fall: 2, rise: 2}}\n{}",
-        backends_yaml(&workers, |_| String::new())
+    let config = Config::fleet(&workers).set(
+        "health_check",
+        "{interval: 100ms, timeout: 200ms, fall: 2, rise: 2}",
     );
-    let proxy = Proxy::start(&config).await;
+    let proxy = Proxy::start(config).await;
     let addr = workers[0].addr();
     workers[0].kill_and_wait().await;
     let killed_at = std::time::Instant::now();
-    eventually(WAIT, "w0 unhealthy", || async {
-        (proxy.status().await["backends"][0]["health"] == "unhealthy").then_some(())
-    })
-    .await;
+    proxy
+        .wait_status("w0 unhealthy", |s| {
+            (s["backends"][0]["health"] == "unhealthy").then_some(())
+        })
+        .await;
     // Two failed checks 100 ms apart, each failing fast (connection refused), plus poll slack.
     assert!(
         killed_at.elapsed() < Duration::from_secs(2),
         "took {:?}",
         killed_at.elapsed()
     );
-    let client = reqwest::Client::new();
-    for _ in 0..10 {
-        assert_eq!(worker_of(&proxy.complete(&client, 1, false).await), "w1");
+    for worker in proxy.route(10).await {
+        assert_eq!(worker, "w1");
     }
     // The same backend comes back on the same address.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     workers[0] = SimWorker::start(listener, WorkerProfile::new("w0")).unwrap();
-    eventually(WAIT, "w0 healthy again", || async {
-        (proxy.status().await["backends"][0]["health"] == "healthy").then_some(())
-    })
-    .await;
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..20 {
-        seen.insert(worker_of(&proxy.complete(&client, 1, false).await));
-    }
+    proxy
+        .wait_status("w0 healthy again", |s| {
+            (s["backends"][0]["health"] == "healthy").then_some(())
+        })
+        .await;
+    let seen: std::collections::BTreeSet<String> = proxy.route(20).await.into_iter().collect();
     assert!(
         seen.contains("w0"),
         "w0 got no traffic after returning: {seen:?}"
@@ -54,22 +50,16 @@ async fn killed_backend_leaves_within_fall_and_returns_after_rise() {
 async fn backend_failing_its_first_check_gets_no_traffic() {
     let workers = start_workers(2, |_| {}).await;
     workers[1].set_fault(Fault::ServerError);
-    let config = format!(
-        "health_check: {{interval: 100ms, fall: 1}}\n{}",
-        backends_yaml(&workers, |_| String::new())
-    );
-    let proxy = Proxy::launch(&config, "", &[]).await;
-    eventually(WAIT, "w0 eligible, w1 unhealthy", || async {
-        let s = proxy.status().await;
-        (s["backends"][0]["eligible"] == true && s["backends"][1]["health"] == "unhealthy")
-            .then_some(())
-    })
-    .await;
-    let client = reqwest::Client::new();
-    for _ in 0..10 {
-        let resp = proxy.complete(&client, 1, false).await;
-        assert_eq!(resp.status(), 200);
-        assert_eq!(worker_of(&resp), "w0");
+    let config = Config::fleet(&workers).set("health_check", "{interval: 100ms, fall: 1}");
+    let proxy = Proxy::launch(config).await;
+    proxy
+        .wait_status("w0 eligible, w1 unhealthy", |s| {
+            (s["backends"][0]["eligible"] == true && s["backends"][1]["health"] == "unhealthy")
+                .then_some(())
+        })
+        .await;
+    for worker in proxy.route(10).await {
+        assert_eq!(worker, "w0");
     }
     assert_eq!(
         workers[1].stats().received_total,
@@ -82,22 +72,22 @@ async fn backend_failing_its_first_check_gets_no_traffic() {
 async fn hanging_backend_is_ejected_and_the_rest_is_unaffected() {
     let workers = start_workers(3, |_| {}).await;
     // Checks are slow here so that passive ejection, not the checker, takes w0 out.
-    let config = format!(
-        "timeouts: {{read: 300ms}}\nhealth_check: {{interval: 1m}}\n\
-         outlier_detection: {{consecutive_failures: 2, base_ejection: 1m}}\n{}",
-        backends_yaml(&workers, |_| String::new())
-    );
-    let proxy = Proxy::start(&config).await;
+    let config = Config::fleet(&workers)
+        .set("timeouts", "{read: 300ms}")
+        .set("health_check", "{interval: 1m}")
+        .set(
+            "outlier_detection",
+            "{consecutive_failures: 2, base_ejection: 1m}",
+        );
+    let proxy = Proxy::start(config).await;
     workers[0].set_fault(Fault::Hang);
-    let client = reqwest::Client::new();
     let mut timeouts = 0;
     for _ in 0..30 {
-        let resp = proxy.complete(&client, 1, false).await;
-        match resp.status().as_u16() {
-            200 => assert_ne!(worker_of(&resp), "w0"),
+        let resp = proxy.send(&Req::completion(1)).await;
+        match resp.status {
+            200 => assert_ne!(resp.worker, "w0"),
             504 => {
-                let body: serde_json::Value = resp.json().await.unwrap();
-                assert_eq!(body["error"]["code"], "upstream_timeout");
+                assert_eq!(resp.json()["error"]["code"], "upstream_timeout");
                 timeouts += 1;
             }
             other => panic!("unexpected status {other}"),
@@ -116,17 +106,18 @@ async fn hanging_backend_is_ejected_and_the_rest_is_unaffected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ejection_never_takes_more_than_the_allowed_share() {
     let workers = start_workers(2, |_| {}).await;
-    let config = format!(
-        "health_check: {{interval: 1m}}\noutlier_detection: {{consecutive_failures: 1, max_ejected_percent: 50}}\n{}",
-        backends_yaml(&workers, |_| String::new())
-    );
-    let proxy = Proxy::start(&config).await;
+    let config = Config::fleet(&workers)
+        .set("health_check", "{interval: 1m}")
+        .set(
+            "outlier_detection",
+            "{consecutive_failures: 1, max_ejected_percent: 50}",
+        );
+    let proxy = Proxy::start(config).await;
     for w in &workers {
         w.set_fault(Fault::ServerError);
     }
-    let client = reqwest::Client::new();
-    for _ in 0..10 {
-        assert_eq!(proxy.complete(&client, 1, false).await.status(), 500);
+    for resp in proxy.send_n(10, &Req::completion(1)).await {
+        assert_eq!(resp.status, 500);
     }
     let status = proxy.status().await;
     let ejected: Vec<_> = status["backends"]

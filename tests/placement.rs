@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::*;
+use common::{eventually, served_by, start_workers, Class, Config, Proxy, Req, WAIT};
 use gpulb::tools::sim::{Fault, SimWorker};
 use serde_json::Value;
-use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(15);
 /// How much longer `/sleep/250` takes on the slow worker.
 const SLOWDOWN: f64 = 8.0;
 
@@ -18,42 +16,33 @@ const SLOWDOWN: f64 = 8.0;
 async fn uneven_pair(placement: &str) -> (Vec<SimWorker>, Proxy) {
     let workers = start_workers(2, |_| {}).await;
     workers[1].set_fault(Fault::Slow(SLOWDOWN));
-    let config = format!(
-        "{}classes:\n  - {{name: c, pool: default, placement: {placement}, \
-         queue: {{max_depth: 64, max_wait: 10s}}}}\n",
-        backends_yaml(&workers, |_| ", max_outstanding: 1".to_string())
-    );
-    let proxy = Proxy::start(&config).await;
+    let config = Config::fleet(&workers)
+        .each_backend(|b| b.max_outstanding(1))
+        .class(
+            Class::new("c", "default")
+                .placement(placement)
+                .max_depth(64)
+                .max_wait("10s"),
+        );
+    let proxy = Proxy::start(config).await;
     (workers, proxy)
 }
 
-/// GETs `/sleep/250` through the proxy; the name of the worker that answered.
-async fn sleep_once(client: &reqwest::Client, proxy: &Proxy) -> String {
-    let resp = client
-        .get(format!("{}/sleep/250", proxy.url))
-        .send()
-        .await
-        .expect("request through the proxy");
-    assert_eq!(resp.status(), 200);
-    let worker = worker_of(&resp);
-    resp.bytes().await.expect("body");
-    worker
-}
-
-/// `count` requests at once; the workers that answered them.
+/// `count` requests for `/sleep/250` at once; the workers that answered them.
 async fn burst(proxy: &Proxy, count: usize) -> Vec<String> {
-    let client = reqwest::Client::new();
-    let requests = (0..count).map(|_| sleep_once(&client, proxy));
-    futures_util::future::join_all(requests).await
+    served_by(&proxy.burst(count, &Req::sleep(250)).await)
 }
 
-/// Three bursts of three requests, one after the other; the workers that answered.
-async fn three_rounds_of_three(proxy: &Proxy) -> Vec<String> {
+/// Under `placement`, once both workers are measured: three bursts of three requests, one after
+/// the other; the proxy and the workers that answered.
+async fn three_rounds_of_three(placement: &str) -> (Vec<SimWorker>, Proxy, Vec<String>) {
+    let (workers, proxy) = uneven_pair(placement).await;
+    measure_both(&proxy).await;
     let mut served = Vec::new();
     for _ in 0..3 {
-        served.extend(burst(proxy, 3).await);
+        served.extend(burst(&proxy, 3).await);
     }
-    served
+    (workers, proxy, served)
 }
 
 /// The class's measured service times from `/status`.
@@ -89,12 +78,7 @@ async fn service_times_are_measured_and_shown_per_backend() {
         proxy.status().await["classes"][0]["placement"],
         "least_loaded"
     );
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin))
-        .await
-        .expect("metrics request")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = proxy.metrics().await;
     let series: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("gpulb_service_seconds{"))
@@ -111,13 +95,11 @@ async fn service_times_are_measured_and_shown_per_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
-    let (_workers, proxy) = uneven_pair("earliest_finish").await;
-    measure_both(&proxy).await;
+    let (_workers, proxy, served) = three_rounds_of_three("earliest_finish").await;
     // Three at once, three times: one starts on w0; waiting for w0 (250 ms per request)
     // beats starting on w1 (2 s), so the other two wait for it rather than take w1's free
     // slot. (Under least_loaded each round puts one on w1; one stray, such as a retry after a
     // failed reuse of a pooled connection to w0, is tolerated.)
-    let served = three_rounds_of_three(&proxy).await;
     assert!(
         count(&served, "w1") <= 1,
         "served by {served:?}; measured {}",
@@ -136,9 +118,7 @@ async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_loaded_uses_the_free_slow_backend_at_once() {
     // The same rounds under the default placement: the free slot on w1 is taken each time.
-    let (_workers, proxy) = uneven_pair("least_loaded").await;
-    measure_both(&proxy).await;
-    let served = three_rounds_of_three(&proxy).await;
+    let (_workers, proxy, served) = three_rounds_of_three("least_loaded").await;
     assert!(count(&served, "w1") >= 3, "served by {served:?}");
     proxy.wait_idle().await;
 }
@@ -149,11 +129,7 @@ async fn speed_weighted_sends_one_at_a_time_traffic_to_the_fast_backend() {
     measure_both(&proxy).await;
     // Both idle: (0+1) x 1 against (0+1) x 8, so w0 every time (least_loaded would toss a coin);
     // the previous request may still hold w0's slot: (1+1) x 1 still wins.
-    let client = reqwest::Client::new();
-    let mut served = Vec::new();
-    for _ in 0..10 {
-        served.push(sleep_once(&client, &proxy).await);
-    }
+    let served = served_by(&proxy.send_n(10, &Req::sleep(250)).await);
     assert_eq!(count(&served, "w0"), 10, "served by {served:?}");
     proxy.wait_idle().await;
 }

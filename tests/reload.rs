@@ -2,31 +2,18 @@
 
 mod common;
 
-use common::*;
+use common::{
+    eventually, start_fleet, start_workers, worker_of, Backend, Config, Proxy, Req, WAIT,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-async fn wait_generation(proxy: &Proxy, generation: u64) {
-    eventually(WAIT, &format!("generation {generation}"), || async {
-        (proxy.generation().await == generation).then_some(())
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_traffic_lose_no_request() {
     let workers = start_workers(3, |_| {}).await;
-    let only = |i: usize| {
-        format!(
-            "backends:\n  - {{name: {}, url: \"{}\"}}\n",
-            workers[i].name(),
-            workers[i].url()
-        )
-    };
-    let proxy = Proxy::start(&only(0)).await;
+    let only = |i: usize| Config::new().backend(Backend::of(&workers[i]));
+    let proxy = Proxy::start(only(0)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = (0..4)
         .map(|_| {
@@ -39,9 +26,8 @@ async fn reloads_under_traffic_lose_no_request() {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    match client
-                        .post(format!("{url}/v1/completions"))
-                        .body(completion(2, true))
+                    match Req::completion_stream(2)
+                        .request(&client, &url)
                         .send()
                         .await
                     {
@@ -59,11 +45,18 @@ async fn reloads_under_traffic_lose_no_request() {
             })
         })
         .collect();
-    // Cycle the backend set while the load runs: every reload swaps all backends.
-    for round in 1..=6u64 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        proxy.rewrite_config(&only(round as usize % 3));
-        wait_generation(&proxy, round + 1).await;
+    // Cycle the backend set while the load runs: every reload swaps all backends, once the
+    // backend in force has served ten requests (six rounds: more than the 50 asserted below).
+    let mut since = workers[0].stats().served_total;
+    for round in 1..=6usize {
+        let serving = &workers[(round - 1) % 3];
+        eventually(WAIT, "the backend in force to serve its share", || async {
+            (serving.stats().served_total >= since + 10).then_some(())
+        })
+        .await;
+        since = workers[round % 3].stats().served_total;
+        proxy.rewrite_config(only(round % 3));
+        proxy.wait_generation(round as u64 + 1).await;
     }
     stop.store(true, Ordering::Relaxed);
     let (mut total, mut seen) = (0, std::collections::BTreeSet::new());
@@ -87,11 +80,11 @@ async fn reloads_under_traffic_lose_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rename_triggers_exactly_one_reload() {
-    let workers = start_workers(1, |_| {}).await;
-    let body = backends_yaml(&workers, |_| String::new());
-    let proxy = Proxy::start(&body).await;
-    proxy.rewrite_config(&backends_yaml(&workers, |_| ", weight: 2".into()));
-    wait_generation(&proxy, 2).await;
+    let (workers, proxy) = start_fleet(1).await;
+    proxy.rewrite_config(Config::fleet(&workers).each_backend(|b| b.weight(2)));
+    proxy.wait_generation(2).await;
+    // What is tested is that nothing more happens: a quiet window, well past the 200 ms
+    // debounce, in which a second reload would show.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let status = proxy.status().await;
     assert_eq!(status["generation"], 2);
@@ -101,8 +94,8 @@ async fn a_rename_triggers_exactly_one_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_file_is_refused_and_traffic_keeps_the_old_config() {
-    let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let (_workers, proxy) = start_fleet(1).await;
+    // Raw YAML: the misspelt key is the point.
     proxy.rewrite_config("backends:\n  - {name: w0, url: \"http://127.0.0.1:1\", weigth: 3}\n");
     let error = eventually(WAIT, "the refusal to show", || async {
         proxy.status().await["reload"]["last_error"]
@@ -115,23 +108,23 @@ async fn a_bad_file_is_refused_and_traffic_keeps_the_old_config() {
         "{error}"
     );
     assert_eq!(proxy.generation().await, 1);
-    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(worker_of(&resp), "w0");
+    let resp = proxy.send(&Req::completion(1)).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.worker, "w0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_when_watching_is_off() {
     let workers = start_workers(2, |_| {}).await;
     let body = |i: usize| {
-        format!(
-            "reload: {{watch: false}}\nbackends:\n  - {{name: {}, url: \"{}\"}}\n",
-            workers[i].name(),
-            workers[i].url()
-        )
+        Config::new()
+            .set("reload", "{watch: false}")
+            .backend(Backend::of(&workers[i]))
     };
-    let proxy = Proxy::start(&body(0)).await;
-    proxy.rewrite_config(&body(1));
+    let proxy = Proxy::start(body(0)).await;
+    proxy.rewrite_config(body(1));
+    // What is tested is that nothing happens: a window, well past the 200 ms debounce, in which
+    // a file watcher would have reloaded.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(proxy.generation().await, 1, "file watching was off");
     let killed = std::process::Command::new("kill")
@@ -139,53 +132,36 @@ async fn sighup_reloads_when_watching_is_off() {
         .status()
         .unwrap();
     assert!(killed.success());
-    wait_generation(&proxy, 2).await;
-    let resp = proxy.complete(&reqwest::Client::new(), 1, false).await;
-    assert_eq!(worker_of(&resp), "w1");
+    proxy.wait_generation(2).await;
+    let resp = proxy.send(&Req::completion(1)).await;
+    assert_eq!(resp.worker, "w1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_reload_needs_the_token() {
     let workers = start_workers(1, |_| {}).await;
     let body = |w: u32| {
-        format!(
-            "reload: {{watch: false}}\n{}",
-            backends_yaml(&workers, move |_| format!(", weight: {w}"))
-        )
+        Config::fleet(&workers)
+            .set("reload", "{watch: false}")
+            .each_backend(|b| b.weight(w))
     };
-    let proxy = Proxy::start_with(
-        &body(1),
-        ", token_env: GPULB_TEST_ADMIN_TOKEN",
-        &[("GPULB_TEST_ADMIN_TOKEN", "s3cret")],
-    )
-    .await;
-    let client = reqwest::Client::new();
-    let url = format!("{}/reload", proxy.admin);
-    assert_eq!(client.post(&url).send().await.unwrap().status(), 401);
-    let wrong = client.post(&url).bearer_auth("guess").send().await.unwrap();
+    let proxy = Proxy::start_with_token(body(1), "s3cret").await;
+    assert_eq!(proxy.post_reload(None).await.status(), 401);
+    let wrong = proxy.post_reload(Some("guess")).await;
     assert_eq!(wrong.status(), 401);
     assert!(!wrong.text().await.unwrap().contains("s3cret"));
 
-    proxy.rewrite_config(&body(4));
-    let ok = client
-        .post(&url)
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    proxy.rewrite_config(body(4));
+    let ok = proxy.post_reload(Some("s3cret")).await;
     assert_eq!(ok.status(), 200);
     let outcome: serde_json::Value = ok.json().await.unwrap();
     assert_eq!(outcome["result"], "applied");
     assert_eq!(outcome["generation"], 2);
     assert_eq!(outcome["changes"][0], "backend w0 changed");
 
+    // Raw YAML: an empty fleet is the point.
     proxy.rewrite_config("backends: []\n");
-    let bad = client
-        .post(&url)
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let bad = proxy.post_reload(Some("s3cret")).await;
     assert_eq!(bad.status(), 422);
     let outcome: serde_json::Value = bad.json().await.unwrap();
     assert_eq!(outcome["result"], "rejected");
@@ -198,12 +174,6 @@ async fn admin_reload_needs_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_reload_is_refused_without_a_configured_token() {
-    let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/reload", proxy.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 403);
+    let (_workers, proxy) = start_fleet(1).await;
+    assert_eq!(proxy.post_reload(None).await.status(), 403);
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::*;
+use common::{start_fleet, start_workers, Config, Proxy, Req, WAIT};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn now_ms() -> u64 {
@@ -15,22 +15,15 @@ fn now_ms() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_arrive_as_the_backend_emits_them() {
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(60)).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let body = r#"{"model":"sim","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", proxy.url))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let mut resp = proxy.open(&Req::chat_stream(20)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut buffer = String::new();
     let mut lags = Vec::new();
     let mut done = false;
     let started = now_ms();
-    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+    while let Some(chunk) = tokio::time::timeout(WAIT, resp.chunk())
         .await
         .unwrap()
         .unwrap()
@@ -66,13 +59,12 @@ async fn sse_events_arrive_as_the_backend_emits_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_forwarded_transparently() {
-    let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
-    let client = reqwest::Client::new();
+    let (_workers, proxy) = start_fleet(1).await;
 
     // A chunked request body (no content-length), a query string, a hop-by-hop header.
     let parts: Vec<Result<&'static str, std::io::Error>> = vec![Ok("{\"a\":"), Ok("1}")];
-    let resp = client
+    let resp = proxy
+        .client
         .put(format!("{}/echo/some/path?x=1&y=two", proxy.url))
         .header("x-custom", "kept")
         .header("connection", "x-hop-secret")
@@ -103,14 +95,11 @@ async fn requests_are_forwarded_transparently() {
     assert_eq!(echoed_id.len(), 32);
 
     // A client's own request id is kept and echoed.
-    let resp = client
-        .get(format!("{}/echo", proxy.url))
-        .header("x-request-id", "client-id-7")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.headers()["x-request-id"], "client-id-7");
-    let seen: serde_json::Value = resp.json().await.unwrap();
+    let resp = proxy
+        .send(&Req::get("/echo").header("x-request-id", "client-id-7"))
+        .await;
+    assert_eq!(resp.header("x-request-id"), Some("client-id-7"));
+    let seen = resp.json();
     assert_eq!(seen["headers"]["x-request-id"], "client-id-7");
     assert_eq!(seen["method"], "GET");
     proxy.wait_idle().await;
@@ -118,17 +107,11 @@ async fn requests_are_forwarded_transparently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_pass_both_ways() {
-    let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(&backends_yaml(&workers, |_| String::new())).await;
+    let (_workers, proxy) = start_fleet(1).await;
     let big = "x".repeat(512 * 1024);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/echo", proxy.url))
-        .body(big.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let seen: serde_json::Value = resp.json().await.unwrap();
+    let resp = proxy.send(&Req::post("/echo", big.clone())).await;
+    assert_eq!(resp.status, 200);
+    let seen = resp.json();
     assert_eq!(seen["body_len"], big.len());
     assert_eq!(seen["body"].as_str().unwrap().len(), big.len());
     proxy.wait_idle().await;

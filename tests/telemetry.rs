@@ -1,5 +1,8 @@
 //! Telemetry over HTTP: the poller against simulated workers, failures, and `gpulb agent`.
 
+mod common;
+
+use common::{eventually, free_port, Killed, STOP, WAIT};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -18,8 +21,6 @@ use gpulb::tools::sim::{SimWorker, WorkerProfile};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-const LIMIT: Duration = Duration::from_secs(10);
 
 fn source(kind: SourceKind) -> SourceConfig {
     SourceConfig {
@@ -59,24 +60,41 @@ fn start_poll(sources: Vec<SourceConfig>, backend_url: String) -> Poller {
 impl Poller {
     /// Waits (bounded) until the published telemetry satisfies `check`.
     async fn until(&self, what: &str, check: impl Fn(&Telemetry) -> bool) -> Arc<Telemetry> {
-        let start = Instant::now();
-        loop {
-            if let Some(t) = self.sink.load_full().filter(|t| check(t)) {
-                return t;
-            }
-            assert!(start.elapsed() < LIMIT, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(WAIT, what, || {
+            let published = self.sink.load_full().filter(|t| check(t));
+            async move { published }
+        })
+        .await
+    }
+
+    /// Waits (bounded) until at least `n` scrapes have failed.
+    async fn until_errors(&self, n: u64) {
+        eventually(WAIT, &format!("{n} scrape errors counted"), || {
+            let counted = self.errors.load(Ordering::Relaxed) >= n;
+            async move { counted.then_some(()) }
+        })
+        .await;
     }
 
     /// Stops the loop and checks it ends promptly.
     async fn stop(self) {
         let _ = self.stop.send(true);
-        tokio::time::timeout(Duration::from_secs(2), self.task)
+        tokio::time::timeout(STOP, self.task)
             .await
             .expect("poll loop ends on shutdown")
             .expect("poll loop did not panic");
     }
+}
+
+/// A poller of `worker`'s vLLM `/metrics`, and its first reading.
+async fn poll_vllm(worker: &SimWorker) -> (Poller, Arc<Telemetry>) {
+    let sources = vec![source(SourceKind::ModelServer {
+        server: ServerKind::Vllm,
+        url: None,
+    })];
+    let poller = start_poll(sources, worker.url());
+    let first = poller.until("a reading", |_| true).await;
+    (poller, first)
 }
 
 fn gpu_memory(t: &Telemetry) -> Option<f64> {
@@ -143,21 +161,14 @@ async fn a_dead_backend_keeps_the_last_reading_ageing_and_counts_errors() {
     let worker = SimWorker::bind_loopback(WorkerProfile::new("w1"))
         .await
         .expect("worker");
-    let sources = vec![source(SourceKind::ModelServer {
-        server: ServerKind::Vllm,
-        url: None,
-    })];
-    let poller = start_poll(sources, worker.url());
-    let first = poller.until("a reading", |_| true).await;
+    let (poller, first) = poll_vllm(&worker).await;
     worker.kill_and_wait().await;
-    let start = Instant::now();
-    while poller.errors.load(Ordering::Relaxed) < 3 {
-        assert!(start.elapsed() < LIMIT, "errors not counted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poller.until_errors(3).await;
     let kept = poller.sink.load_full().expect("last reading kept");
     assert_eq!(kept.reading, first.reading);
     let age = kept.taken_at.elapsed();
+    // Time passing is the point: the kept reading ages (past the 50 ms freshness checked
+    // below) while further reads fail.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let later = poller.sink.load_full().expect("still kept");
     assert_eq!(
@@ -178,14 +189,9 @@ async fn poll_ends_when_its_shutdown_sender_is_dropped() {
     let worker = SimWorker::bind_loopback(WorkerProfile::new("w3"))
         .await
         .expect("worker");
-    let sources = vec![source(SourceKind::ModelServer {
-        server: ServerKind::Vllm,
-        url: None,
-    })];
-    let poller = start_poll(sources, worker.url());
-    poller.until("a reading", |_| true).await;
+    let (poller, _) = poll_vllm(&worker).await;
     drop(poller.stop);
-    tokio::time::timeout(Duration::from_secs(2), poller.task)
+    tokio::time::timeout(STOP, poller.task)
         .await
         .expect("poll loop ends")
         .expect("no panic");
@@ -295,7 +301,7 @@ async fn agent_page_reads_back_through_the_dcgm_source() {
         .collect();
     assert_eq!(reading.gpus, expected);
     let _ = stop.send(true);
-    tokio::time::timeout(Duration::from_secs(2), task)
+    tokio::time::timeout(STOP, task)
         .await
         .expect("agent stops")
         .expect("no panic");
@@ -362,47 +368,42 @@ fn agent_binary_reports_missing_nvml_once() {
     if gpulb::telemetry::nvml::handle().is_ok() {
         return; // a GPU host: the fake-source tests above cover the format
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
-        .args([
-            "agent",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--gpus",
-            "0,GPU-x",
-        ])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start gpulb agent");
+    let port = free_port();
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_gpulb"))
+            .args([
+                "agent",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--gpus",
+                "0,GPU-x",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpulb agent"),
+    );
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let get = || async {
+        let resp = reqwest::get(&url).await.ok()?;
+        Some((
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        ))
+    };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let bodies: Vec<(u16, String)> = rt.block_on(async {
-        let mut out = Vec::new();
-        let start = Instant::now();
-        while out.len() < 2 {
-            assert!(start.elapsed() < LIMIT, "agent did not answer");
-            if let Ok(resp) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
-                out.push((
-                    resp.status().as_u16(),
-                    resp.text().await.unwrap_or_default(),
-                ));
-            } else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        out
+        let first = eventually(WAIT, "the agent to answer", get).await;
+        let second = eventually(WAIT, "the agent to answer again", get).await;
+        vec![first, second]
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    child.stop();
     let mut log = String::new();
-    if let Some(mut out) = child.stdout.take() {
+    if let Some(mut out) = child.0.stdout.take() {
         let _ = out.read_to_string(&mut log);
     }
-    if let Some(mut err) = child.stderr.take() {
+    if let Some(mut err) = child.0.stderr.take() {
         let _ = err.read_to_string(&mut log);
     }
     for (status, body) in bodies {

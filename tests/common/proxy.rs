@@ -1,0 +1,227 @@
+//! The real `gpulb serve` process on free loopback ports, and waits on its `/status`.
+
+use super::{eventually, free_port, Killed, WAIT};
+use serde_json::Value;
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Environment variable the admin token is passed in by [`Proxy::start_with_token`].
+const TOKEN_ENV: &str = "GPULB_TEST_ADMIN_TOKEN";
+
+/// The real proxy binary, serving a config on free ports; killed when dropped.
+pub struct Proxy {
+    child: Killed,
+    /// Proxy base URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Admin base URL.
+    pub admin: String,
+    /// The client the request helpers share (one connection pool per test).
+    pub client: reqwest::Client,
+    _dir: tempfile::TempDir,
+    /// The config file it serves.
+    pub config_path: PathBuf,
+    /// The `listen`/`admin` lines every rewrite of the file keeps.
+    header: String,
+}
+
+impl Proxy {
+    /// Starts `gpulb serve` with `body` (a [`Config`](super::Config), or raw YAML without
+    /// `listen`/`admin`), waits until every backend is eligible.
+    pub async fn start(body: impl Display) -> Proxy {
+        let proxy = Proxy::spawn_with(body, "", &[]).await;
+        proxy.wait_eligible().await;
+        proxy
+    }
+
+    /// Like [`Proxy::start`], with admin requests needing the bearer token `token`.
+    pub async fn start_with_token(body: impl Display, token: &str) -> Proxy {
+        let admin_extra = format!(", token_env: {TOKEN_ENV}");
+        let proxy = Proxy::spawn_with(body, &admin_extra, &[(TOKEN_ENV, token)]).await;
+        proxy.wait_eligible().await;
+        proxy
+    }
+
+    /// Starts `gpulb serve` and waits only until it listens (backends may not be checked yet).
+    pub async fn launch(body: impl Display) -> Proxy {
+        Proxy::spawn_with(body, "", &[]).await
+    }
+
+    async fn spawn_with(body: impl Display, admin_extra: &str, env: &[(&str, &str)]) -> Proxy {
+        let (port, admin_port) = (free_port(), free_port());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("gpulb.yaml");
+        let header = format!(
+            "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin_port}{admin_extra}}}\n"
+        );
+        std::fs::write(&config_path, format!("{header}{body}")).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn gpulb");
+        let proxy = Proxy {
+            child: Killed(child),
+            url: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            client: reqwest::Client::new(),
+            _dir: dir,
+            config_path,
+            header,
+        };
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        eventually(WAIT, "gpulb to listen", || async {
+            let up = tokio::net::TcpStream::connect(addr).await.is_ok();
+            let status = reqwest::get(format!("{}/status", proxy.admin)).await.ok()?;
+            (up && status.status().is_success()).then_some(())
+        })
+        .await;
+        proxy
+    }
+
+    /// Replaces the config file the way editors do: write a temp file, rename it over.
+    pub fn rewrite_config(&self, body: impl Display) {
+        let tmp = self.config_path.with_extension("yaml.tmp");
+        std::fs::write(&tmp, format!("{}{body}", self.header)).expect("write temp config");
+        std::fs::rename(&tmp, &self.config_path).expect("rename config");
+    }
+
+    /// The proxy's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    /// `POST /reload` on the admin listener, with `token` as bearer token if given.
+    pub async fn post_reload(&self, token: Option<&str>) -> reqwest::Response {
+        let req = self.client.post(format!("{}/reload", self.admin));
+        let req = match token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        };
+        req.send().await.expect("reload request")
+    }
+
+    /// `GET /metrics` text of the admin listener.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin))
+            .await
+            .expect("metrics request")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// `GET /status` of the admin listener.
+    pub async fn status(&self) -> Value {
+        reqwest::get(format!("{}/status", self.admin))
+            .await
+            .expect("status request")
+            .json()
+            .await
+            .expect("status json")
+    }
+
+    /// The config generation in force.
+    pub async fn generation(&self) -> u64 {
+        self.status().await["generation"]
+            .as_u64()
+            .expect("generation")
+    }
+
+    /// Outstanding count of backend `name`.
+    pub async fn outstanding(&self, name: &str) -> u64 {
+        backend_field(&self.status().await, name, "outstanding")
+    }
+
+    /// Polls `/status` until `check` yields a value (bounded by [`WAIT`]).
+    pub async fn wait_status<T>(&self, what: &str, check: impl Fn(&Value) -> Option<T>) -> T {
+        eventually(WAIT, what, || async { check(&self.status().await) }).await
+    }
+
+    /// Waits until every backend may take traffic (its first health check passed).
+    pub async fn wait_eligible(&self) {
+        self.wait_status("every backend eligible", |s| {
+            let all = s["backends"]
+                .as_array()?
+                .iter()
+                .all(|b| b["eligible"] == true);
+            all.then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until every backend and class has nothing in flight.
+    pub async fn wait_idle(&self) {
+        self.wait_status("all counts back to zero", |s| {
+            let busy = s["backends"]
+                .as_array()?
+                .iter()
+                .chain(s["classes"].as_array()?)
+                .any(|b| b["outstanding"] != 0);
+            (!busy).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until backend `name` has exactly `n` requests in flight.
+    pub async fn wait_outstanding(&self, name: &str, n: u64) {
+        self.wait_count("backends", name, "outstanding", n).await;
+    }
+
+    /// Waits until the backends together have exactly `n` requests in flight.
+    pub async fn wait_total_outstanding(&self, n: u64) {
+        let what = format!("{n} in flight on all backends together");
+        self.wait_status(&what, |s| {
+            let busy: u64 = s["backends"]
+                .as_array()?
+                .iter()
+                .filter_map(|b| b["outstanding"].as_u64())
+                .sum();
+            (busy == n).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until class `class` has exactly `n` requests in its queue.
+    pub async fn wait_queued(&self, class: &str, n: u64) {
+        self.wait_count("classes", class, "queue_depth", n).await;
+    }
+
+    /// Waits until `field` of the entry `name` of status list `list` is `n`.
+    async fn wait_count(&self, list: &str, name: &str, field: &str, n: u64) {
+        let what = format!("{field} of {name} to be {n}");
+        self.wait_status(&what, |s| {
+            (named_field(s, list, name, field) == n).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until config generation `n` is in force.
+    pub async fn wait_generation(&self, n: u64) {
+        let what = format!("generation {n}");
+        self.wait_status(&what, |s| (s["generation"] == n).then_some(()))
+            .await;
+    }
+}
+
+/// A numeric field of backend `name` in a status document.
+pub fn backend_field(status: &Value, name: &str, field: &str) -> u64 {
+    named_field(status, "backends", name, field)
+}
+
+/// A numeric field of class `name` in a status document.
+pub fn class_field(status: &Value, name: &str, field: &str) -> u64 {
+    named_field(status, "classes", name, field)
+}
+
+fn named_field(status: &Value, list: &str, name: &str, field: &str) -> u64 {
+    status[list]
+        .as_array()
+        .and_then(|items| items.iter().find(|b| b["name"] == name))
+        .and_then(|b| b[field].as_u64())
+        .unwrap_or_else(|| panic!("no {list} entry {name} with {field} in {status}"))
+}
