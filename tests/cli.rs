@@ -1,22 +1,9 @@
 //! `gpulb check` validates like `nginx -t`: a summary, or every error with its field path.
 
-use std::process::Command;
+mod common;
 
-fn check(yaml: &str) -> (bool, String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpulb"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use common::gpulb_check as check;
+use std::process::Command;
 
 #[test]
 fn shipped_config_checks_clean() {

@@ -3,9 +3,7 @@
 
 mod common;
 
-use common::{eventually, start_workers, worker_of, Proxy};
-use std::process::Command;
-use std::time::Duration;
+use common::{gpulb_check, served_by, start_workers, Backend, Config, Proxy, Req};
 
 /// A name that never resolves (`.invalid` is reserved for that, RFC 6761).
 const GHOST: &str = "http://ghost.invalid:8000";
@@ -13,20 +11,17 @@ const GHOST: &str = "http://ghost.invalid:8000";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolvable_backend_waits_unhealthy_and_the_rest_serve() {
     let workers = start_workers(1, |_| {}).await;
-    let body = format!(
-        "health_check: {{interval: 100ms, timeout: 200ms}}\nbackends:\n  - {{name: w0, url: '{}'}}\n  - {{name: ghost, url: '{GHOST}'}}\n",
-        workers[0].url()
-    );
-    let proxy = Proxy::launch(&body, "", &[]).await;
-    let status = eventually(Duration::from_secs(15), "w0 eligible", || async {
-        let status = proxy.status().await;
-        let w0 = status["backends"]
-            .as_array()?
-            .iter()
-            .find(|b| b["name"] == "w0")?;
-        (w0["eligible"] == true).then_some(status)
-    })
-    .await;
+    let config = Config::fleet(&workers)
+        .set("health_check", "{interval: 100ms, timeout: 200ms}")
+        .backend(Backend::at("ghost", GHOST));
+    let proxy = Proxy::launch(config).await;
+    let status = proxy
+        .wait_status("w0 eligible", |status| {
+            let backends = status["backends"].as_array()?;
+            let w0 = backends.iter().find(|b| b["name"] == "w0")?;
+            (w0["eligible"] == true).then(|| status.clone())
+        })
+        .await;
     let ghost = status["backends"]
         .as_array()
         .and_then(|bs| bs.iter().find(|b| b["name"] == "ghost"))
@@ -38,19 +33,10 @@ async fn an_unresolvable_backend_waits_unhealthy_and_the_rest_serve() {
         "the reason names the address: {ghost}"
     );
 
-    let client = reqwest::Client::new();
-    for _ in 0..6 {
-        let resp = proxy.complete(&client, 2, false).await;
-        assert_eq!(resp.status(), 200);
-        assert_eq!(worker_of(&resp), "w0");
-    }
+    let answers = proxy.send_n(6, &Req::completion(2)).await;
+    assert_eq!(served_by(&answers), vec!["w0"; 6]);
     // Health checks keep trying to resolve it: it stays out, and says so in /metrics.
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("gpulb_backend_unresolved{backend=\"ghost\"} 1"),
         "{metrics}"
@@ -60,19 +46,11 @@ async fn an_unresolvable_backend_waits_unhealthy_and_the_rest_serve() {
 
 #[test]
 fn check_warns_about_an_unresolvable_backend_but_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.yaml");
     let yaml = format!(
         "backends:\n  - {{name: w0, url: 'http://127.0.0.1:9001'}}\n  - {{name: ghost, url: '{GHOST}'}}\n"
     );
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpulb"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (ok, _, stderr) = gpulb_check(&yaml);
+    assert!(ok, "{stderr}");
     assert!(
         stderr.contains("warning") && stderr.contains("\"ghost\""),
         "{stderr}"

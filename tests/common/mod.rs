@@ -93,3 +93,20 @@ impl Drop for Killed {
         self.stop();
     }
 }
+
+/// Runs `gpulb check` on `yaml`: whether it passed, its stdout and its stderr.
+pub fn gpulb_check(yaml: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpulb"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
