@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use super::body::{json_response, Body, BoxError};
 use super::engine::SubmitError;
-use super::http::{error, read_body, Shared, MAX_BODY};
-use super::openai::{self, GenRequest, Kind};
+use super::http::{error, model_not_found, read_body, Shared, MAX_BODY};
+use super::openai::{self, GenRequest, Kind, RequestError};
 use super::Fault;
 
 /// Handles `/v1/completions` and `/v1/chat/completions`.
@@ -26,9 +26,12 @@ pub(crate) async fn generate(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let greq = match openai::parse_request(&body, kind, sh.default_max_tokens) {
+    let greq = match openai::parse_request(&body, kind, sh.default_max_tokens, &sh.models) {
         Ok(g) => g,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg, "invalid_request"),
+        Err(RequestError::Invalid(msg)) => {
+            return error(StatusCode::BAD_REQUEST, &msg, "invalid_request")
+        }
+        Err(RequestError::NotServed(e)) => return model_not_found(&e),
     };
     let mut rx = match sh.engine.submit(greq.prompt_tokens, greq.max_tokens) {
         Ok(rx) => rx,

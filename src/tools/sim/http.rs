@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use super::body::{full, json_response, Body, Counted};
 use super::engine::Engine;
+use super::models::{NotServed, ServedModels};
 use super::openai::{self, Kind};
 use super::{completions, dcgm, metrics, Fault};
 
@@ -49,6 +50,7 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
     pub ctl: watch::Receiver<Mode>,
     pub gpu: dcgm::SimGpu,
+    pub models: ServedModels,
 }
 
 impl Shared {
@@ -68,7 +70,14 @@ pub(crate) fn error(status: StatusCode, message: &str, code: &str) -> Response<B
     } else {
         "invalid_request_error"
     };
-    json_response(status, &openai::error_body(message, typ, code))
+    json_response(status, &openai::error_body(message, typ, json!(code)))
+}
+
+/// vLLM's answer to a request for a model the worker does not serve.
+pub(crate) fn model_not_found(e: &NotServed) -> Response<Body> {
+    let status = StatusCode::NOT_FOUND;
+    let body = openai::error_body(&e.to_string(), "NotFoundError", json!(status.as_u16()));
+    json_response(status, &body)
 }
 
 /// Entry point for every request: counts it, routes it and tags the response.
@@ -150,11 +159,7 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         (Method::POST, "/v1/chat/completions") => {
             completions::generate(sh, req, Kind::Chat, fault).await
         }
-        (Method::GET, "/v1/models") => json_response(
-            StatusCode::OK,
-            &json!({"object": "list", "data": [{"id": openai::DEFAULT_MODEL, "object": "model",
-                    "created": openai::now_s(), "owned_by": "gpulb-sim"}]}),
-        ),
+        (Method::GET, "/v1/models") => json_response(StatusCode::OK, &sh.models.list_body()),
         (Method::GET, "/health") => json_response(StatusCode::OK, &json!({"status": "ok"})),
         (Method::GET, p) if p.starts_with("/sleep/") => {
             sleep(sh, &p["/sleep/".len()..], fault).await

@@ -8,6 +8,9 @@ mod engine;
 mod fault_tests;
 mod http;
 mod metrics;
+#[cfg(test)]
+mod model_tests;
+mod models;
 mod openai;
 #[cfg(test)]
 mod tests;
@@ -27,6 +30,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use self::engine::{Engine, EngineConfig};
 use self::http::{Mode, Shared};
+use self::models::ServedModels;
 
 /// How long a graceful shutdown lets open connections finish before dropping them.
 const GRACE: Duration = Duration::from_secs(1);
@@ -52,6 +56,11 @@ pub struct WorkerProfile {
     pub gpu_index: u32,
     /// UUID of the simulated GPU; `None` derives a stable one from the name.
     pub gpu_uuid: Option<String>,
+    /// Model ids listed by `/v1/models`, in order; a request naming no model gets the first.
+    pub models: Vec<String>,
+    /// Answer a request naming a model not in `models` with 404, as vLLM does. Off by default,
+    /// so clients that send any model name are served under it.
+    pub strict_models: bool,
 }
 
 impl WorkerProfile {
@@ -67,7 +76,16 @@ impl WorkerProfile {
             default_max_tokens: 16,
             gpu_index: 0,
             gpu_uuid: None,
+            models: vec![openai::DEFAULT_MODEL.to_string()],
+            strict_models: false,
         }
+    }
+
+    /// Serves exactly these models, in order, and answers 404 to any other (`strict_models`).
+    pub fn serving(mut self, models: &[&str]) -> Self {
+        self.models = models.iter().map(|m| m.to_string()).collect();
+        self.strict_models = true;
+        self
     }
 }
 
@@ -153,6 +171,12 @@ impl SimWorker {
             next_id: AtomicU64::new(0),
             ctl: ctl_rx.clone(),
             gpu,
+            models: ServedModels::new(
+                profile.models,
+                profile.strict_models,
+                openai::now_s(),
+                profile.kv_budget_tokens,
+            ),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone(), ctl_rx, done_tx));
         Ok(SimWorker {
@@ -200,6 +224,16 @@ impl SimWorker {
     /// `None` returns to the model (weights + KV-cache use).
     pub fn set_gpu_memory_override(&self, fraction: Option<f64>) {
         self.shared.gpu.set_memory_override(fraction);
+    }
+
+    /// Replaces the served models (applies to requests arriving from now on, `/v1/models` included).
+    pub fn set_models(&self, models: Vec<String>) {
+        self.shared.models.set(models);
+    }
+
+    /// Models served now, in `/v1/models` order.
+    pub fn models(&self) -> Vec<String> {
+        self.shared.models.current().to_vec()
     }
 
     /// UUID of the simulated GPU, as `/dcgm/metrics` reports it.

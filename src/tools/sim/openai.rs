@@ -5,7 +5,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// Model id reported by `/v1/models` and used when a request names none.
+use super::models::{NotServed, ServedModels};
+
+/// Model a worker serves unless its profile names others.
 pub(crate) const DEFAULT_MODEL: &str = "sim-model";
 
 /// Which OpenAI endpoint a generation request came in on.
@@ -30,7 +32,7 @@ struct RawRequest {
 /// A parsed generation request.
 #[derive(Clone, Debug)]
 pub(crate) struct GenRequest {
-    /// Model name echoed in the response.
+    /// Model serving the request, echoed in the response.
     pub model: String,
     /// Prompt length in tokens (ceil(chars / 4), at least 1).
     pub prompt_tokens: usize,
@@ -40,23 +42,47 @@ pub(crate) struct GenRequest {
     pub stream: bool,
 }
 
-/// Parses a generation request body, returning a human-readable message on failure.
+/// Why a generation request is refused before it reaches the engine.
+#[derive(Debug)]
+pub(crate) enum RequestError {
+    /// The body is not a valid request; a human-readable message.
+    Invalid(String),
+    /// The request names a model the worker does not serve.
+    NotServed(NotServed),
+}
+
+impl From<String> for RequestError {
+    fn from(msg: String) -> Self {
+        RequestError::Invalid(msg)
+    }
+}
+
+/// Parses a generation request body and picks the served model it goes to.
 pub(crate) fn parse_request(
     body: &[u8],
     kind: Kind,
     default_max: u32,
-) -> Result<GenRequest, String> {
+    models: &ServedModels,
+) -> Result<GenRequest, RequestError> {
     let raw: RawRequest =
         serde_json::from_slice(body).map_err(|e| format!("could not parse JSON body: {e}"))?;
     let messages = |m: &Vec<Value>| m.iter().map(message_text).collect::<String>();
     let text = match (kind, &raw.prompt, &raw.messages) {
         (Kind::Completion, Some(p), _) | (Kind::Chat, Some(p), None) => prompt_text(p)?,
         (_, _, Some(m)) => messages(m),
-        (Kind::Chat, None, None) => return Err("'messages' is a required property".into()),
-        (Kind::Completion, None, None) => return Err("'prompt' is a required property".into()),
+        (Kind::Chat, None, None) => {
+            return Err(RequestError::Invalid(
+                "'messages' is a required property".into(),
+            ))
+        }
+        (Kind::Completion, None, None) => {
+            return Err(RequestError::Invalid(
+                "'prompt' is a required property".into(),
+            ))
+        }
     };
     Ok(GenRequest {
-        model: raw.model.unwrap_or_else(|| DEFAULT_MODEL.to_string()),
+        model: models.resolve(raw.model).map_err(RequestError::NotServed)?,
         prompt_tokens: count_tokens(&text),
         max_tokens: raw
             .max_tokens
@@ -115,9 +141,9 @@ pub(crate) fn now_s() -> u64 {
     now_ms() / 1000
 }
 
-/// OpenAI-style error body.
-pub(crate) fn error_body(message: &str, typ: &str, code: &str) -> Value {
-    json!({"error": {"message": message, "type": typ, "code": code}})
+/// OpenAI-style error body (`code` is a string in OpenAI's errors, the status number in vLLM's).
+pub(crate) fn error_body(message: &str, typ: &str, code: Value) -> Value {
+    json!({"error": {"message": message, "type": typ, "param": null, "code": code}})
 }
 
 /// Full (non-streaming) response body.
@@ -184,6 +210,10 @@ pub(crate) const DONE_EVENT: &str = "data: [DONE]\n\n";
 mod tests {
     use super::*;
 
+    fn served() -> ServedModels {
+        ServedModels::new(vec![DEFAULT_MODEL.to_string()], false, 0, 1000)
+    }
+
     #[test]
     fn counts_tokens() {
         assert_eq!(count_tokens(""), 1);
@@ -198,6 +228,7 @@ mod tests {
             br#"{"prompt":["abcd","efgh1"],"max_tokens":3}"#,
             Kind::Completion,
             16,
+            &served(),
         )
         .unwrap();
         assert_eq!((r.prompt_tokens, r.max_tokens, r.stream), (3, 3, false));
@@ -206,17 +237,24 @@ mod tests {
             br#"{"model":"m","messages":[{"role":"user","content":"12345678"},{"content":[{"type":"text","text":"x"}]}],"stream":true}"#,
             Kind::Chat,
             16,
+            &served(),
         )
         .unwrap();
         assert_eq!((r.prompt_tokens, r.max_tokens, r.stream), (3, 16, true));
-        assert!(parse_request(b"{nope", Kind::Chat, 16).is_err());
-        assert!(parse_request(b"{}", Kind::Chat, 16).is_err());
-        assert!(parse_request(br#"{"prompt":5}"#, Kind::Completion, 16).is_err());
+        assert!(parse_request(b"{nope", Kind::Chat, 16, &served()).is_err());
+        assert!(parse_request(b"{}", Kind::Chat, 16, &served()).is_err());
+        assert!(parse_request(br#"{"prompt":5}"#, Kind::Completion, 16, &served()).is_err());
     }
 
     #[test]
     fn event_shapes() {
-        let r = parse_request(br#"{"prompt":"hi","max_tokens":2}"#, Kind::Chat, 16).unwrap();
+        let r = parse_request(
+            br#"{"prompt":"hi","max_tokens":2}"#,
+            Kind::Chat,
+            16,
+            &served(),
+        )
+        .unwrap();
         let ev = stream_event("x", &r, Kind::Chat, 1);
         let v: Value = serde_json::from_str(ev.trim_start_matches("data: ").trim()).unwrap();
         assert_eq!(v["object"], "chat.completion.chunk");
@@ -226,5 +264,13 @@ mod tests {
         let full = full_response("x", &r, Kind::Completion, 2);
         assert_eq!(full["choices"][0]["text"], " tok0 tok1");
         assert_eq!(full["usage"]["total_tokens"], 3);
+    }
+
+    #[test]
+    fn model_is_resolved_against_the_served_list() {
+        let strict = ServedModels::new(vec!["a".into()], true, 0, 1000);
+        let body = br#"{"model":"c","prompt":"x"}"#;
+        let err = parse_request(body, Kind::Completion, 16, &strict).unwrap_err();
+        assert!(matches!(err, RequestError::NotServed(e) if e.model.as_deref() == Some("c")));
     }
 }

@@ -15,7 +15,7 @@ pub(super) async fn within<F: Future>(f: F) -> F::Output {
 }
 
 /// GETs `url` and reads the answer as JSON, within the step limit.
-async fn get_json(c: &reqwest::Client, url: String) -> Value {
+pub(super) async fn get_json(c: &reqwest::Client, url: String) -> Value {
     within(async { c.get(url).send().await?.json().await })
         .await
         .unwrap()
