@@ -43,6 +43,28 @@ pub enum ProxyError {
     /// The client sent something that could not be proxied.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The request body is larger than `request_body.max_bytes`.
+    #[error("request body is {size} bytes; this server reads at most {limit}")]
+    BodyTooLarge {
+        /// The body's size, or the bytes read when it stopped (a chunked body).
+        size: usize,
+        /// `request_body.max_bytes`, or the chunked-body limit.
+        limit: usize,
+    },
+    /// The client did not send its whole body within `timeouts.client_body`.
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
+    /// A class rule needs the body, and the body is not a JSON request.
+    #[error("{0}")]
+    InvalidBody(String),
+    /// No backend serves the model asked for.
+    #[error("The model `{model}` does not exist or is not served here; served: {}", served.join(", "))]
+    ModelNotFound {
+        /// The model named in the request.
+        model: String,
+        /// The models served now, sorted.
+        served: Vec<String>,
+    },
     /// A fault inside the proxy.
     #[error("internal error: {0}")]
     Internal(String),
@@ -56,7 +78,10 @@ impl ProxyError {
             ProxyError::Shed { reason, .. } => reason.status(),
             ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => 502,
             ProxyError::UpstreamTimeout(_) => 504,
-            ProxyError::BadRequest(_) => 400,
+            ProxyError::BadRequest(_) | ProxyError::InvalidBody(_) => 400,
+            ProxyError::ModelNotFound { .. } => 404,
+            ProxyError::BodyTimeout(_) => 408,
+            ProxyError::BodyTooLarge { .. } => 413,
             ProxyError::ClientGone => 499,
             ProxyError::Internal(_) => 500,
         }
@@ -71,6 +96,10 @@ impl ProxyError {
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::UpstreamFailed(_) => "upstream_failed",
             ProxyError::BadRequest(_) => "bad_request",
+            ProxyError::InvalidBody(_) => "invalid_body",
+            ProxyError::ModelNotFound { .. } => "model_not_found",
+            ProxyError::BodyTimeout(_) => "body_timeout",
+            ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientGone => "client_gone",
             ProxyError::Internal(_) => "internal_error",
         }
@@ -88,7 +117,7 @@ impl ProxyError {
     /// Error type for the OpenAI-shaped error body.
     fn kind(&self) -> &'static str {
         match self.status() {
-            400 => "invalid_request_error",
+            400 | 404 | 408 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "overloaded_error",
             500 => "server_error",
@@ -181,6 +210,28 @@ mod tests {
         assert_eq!((full.status(), full.code()), (503, "queue_full"));
         let v: serde_json::Value = serde_json::from_slice(&over.body()).unwrap();
         assert_eq!(v["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn body_and_model_errors_are_client_errors_in_openai_shape() {
+        let missing = ProxyError::ModelNotFound {
+            model: "gpt-5".into(),
+            served: vec!["llama".into(), "qwen".into()],
+        };
+        let v: serde_json::Value = serde_json::from_slice(&missing.body()).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("served: llama, qwen"));
+        let big = ProxyError::BodyTooLarge { size: 10, limit: 5 };
+        assert_eq!((big.status(), big.code()), (413, "body_too_large"));
+        assert_eq!(ProxyError::InvalidBody("x".into()).status(), 400);
+        assert_eq!(
+            ProxyError::BodyTimeout(std::time::Duration::ZERO).status(),
+            408
+        );
     }
 
     #[test]

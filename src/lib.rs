@@ -32,6 +32,7 @@ mod hostinfo;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod request;
 pub mod routing;
 pub mod server;
 pub mod tasks;

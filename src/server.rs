@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
-use crate::tasks::{Dispatcher, HealthChecks, PerBackend, TelemetryPolling};
+use crate::tasks::{Dispatcher, HealthChecks, ModelDiscovery, PerBackend, TelemetryPolling};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch};
 use pingora::services::background::background_service;
@@ -28,8 +28,8 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The HTTP client for health checks could not be built.
-    #[error("cannot build the health check client: {0}")]
+    /// An HTTP client for health checks or model discovery could not be built.
+    #[error("cannot build an HTTP client for health checks or model discovery: {0}")]
     Client(String),
 }
 
@@ -94,6 +94,13 @@ pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Regis
         Ok(checks) => server.add_service(background_service(
             "gpulb health",
             PerBackend::new(Arc::clone(&registry), checks),
+        )),
+        Err(e) => return Err(StartError::Client(e.to_string())),
+    };
+    match ModelDiscovery::new() {
+        Ok(discovery) => server.add_service(background_service(
+            "gpulb model discovery",
+            PerBackend::new(Arc::clone(&registry), discovery),
         )),
         Err(e) => return Err(StartError::Client(e.to_string())),
     };

@@ -5,7 +5,7 @@
 use crate::config::PlacementKind;
 use crate::health::{now_ms, CheckStatus};
 use crate::metrics::{Metrics, Percentiles};
-use crate::routing::{Backend, Class, Snapshot};
+use crate::routing::{Backend, Class, ModelList, Snapshot};
 use crate::telemetry::{GpuReading, ServerLoad};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -56,6 +56,9 @@ pub struct BackendView {
     pub consecutive_failures: u32,
     /// Whether new requests may go to it now.
     pub eligible: bool,
+    /// The models it serves and where that list came from; `None` while unknown (it may get
+    /// any model).
+    pub models: Option<ModelList>,
     /// Its last telemetry reading.
     pub telemetry: TelemetryView,
 }
@@ -118,6 +121,8 @@ pub struct ClassView {
     pub queue_depth: usize,
     /// Requests waiting now, per tenant with any.
     pub queue_by_tenant: BTreeMap<String, usize>,
+    /// Requests waiting now, per model with any (`*`: naming none).
+    pub queue_by_model: BTreeMap<String, usize>,
     /// Requests answered so far.
     pub requests_total: u64,
     /// Requests shed so far.
@@ -179,6 +184,7 @@ fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -
         ejections_total: health.ejections_total(),
         consecutive_failures: health.consecutive_failures(),
         eligible: b.state.eligible(now_ms),
+        models: b.state.models.get().map(|l| (*l).clone()),
         telemetry: telemetry_view(b, now, stale_after),
     }
 }
@@ -220,8 +226,9 @@ fn class_view(
         name: c.name.clone(),
         pool: snapshot.pools[c.pool].name.clone(),
         outstanding: c.state.outstanding.get(),
-        queue_depth: c.state.queue.depth(),
-        queue_by_tenant: c.state.queue.depth_by_tenant().into_iter().collect(),
+        queue_depth: c.state.queues.depth(),
+        queue_by_tenant: c.state.queues.depth_by_tenant(),
+        queue_by_model: c.state.queues.depth_by_model(),
         requests_total: m.finished_total(),
         shed_total: m.shed_total(),
         latency: LatencyView {

@@ -60,13 +60,13 @@ pub fn body(req: &Req) -> String {
     let text = prompt_text(req.prompt_chars);
     match req.class {
         Class::Interactive => serde_json::json!({
-            "model": "sim",
+            "model": "sim-model",
             "stream": true,
             "max_tokens": req.max_tokens,
             "messages": [{"role": "user", "content": text}],
         }),
         Class::Bulk => serde_json::json!({
-            "model": "sim",
+            "model": "sim-model",
             "max_tokens": req.max_tokens,
             "prompt": text,
         }),

@@ -1,6 +1,7 @@
 //! What validation compiles a config into: typed values (methods, header names, backend
 //! addresses) that the runtime uses as they are and never parses again.
 
+use super::{CountRange, ModelPatterns};
 use http::{HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -42,6 +43,21 @@ pub struct MatchRule {
     pub min_content_length: Option<u64>,
     /// `Content-Length` is below this.
     pub max_content_length: Option<u64>,
+    /// What the request body must say, when the rule looks at it.
+    pub body: Option<BodyRule>,
+}
+
+/// The body-aware part of a class rule; every part given must hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BodyRule {
+    /// `model` patterns.
+    pub model: Option<ModelPatterns>,
+    /// `stream` wanted.
+    pub stream: Option<bool>,
+    /// `max_tokens` range.
+    pub max_tokens: Option<CountRange>,
+    /// Estimated prompt tokens range.
+    pub prompt_tokens: Option<CountRange>,
 }
 
 /// Where a backend listens: `http://host:port` parsed, not yet resolved.

@@ -32,6 +32,9 @@ pub(crate) fn read_timeout() -> Duration {
 pub(crate) fn write_timeout() -> Duration {
     Duration::from_secs(30)
 }
+pub(crate) fn client_body_timeout() -> Duration {
+    Duration::from_secs(60)
+}
 pub(crate) fn upstream_idle_timeout() -> Duration {
     Duration::from_secs(60)
 }
@@ -108,4 +111,28 @@ pub(crate) fn telemetry_interval() -> Duration {
 /// Longest a read of a telemetry source may take.
 pub(crate) fn telemetry_timeout() -> Duration {
     Duration::from_millis(500)
+}
+/// The OpenAI paths whose JSON bodies are read by default.
+pub(crate) fn body_paths() -> Vec<String> {
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+/// Largest request body read: 4 MiB (a long RAG prompt is a few hundred KiB).
+pub(crate) fn body_max_bytes() -> usize {
+    4 << 20
+}
+pub(crate) fn discover_models() -> bool {
+    true
+}
+pub(crate) fn discover_interval() -> Duration {
+    Duration::from_secs(10)
+}
+pub(crate) fn discover_timeout() -> Duration {
+    Duration::from_secs(2)
 }

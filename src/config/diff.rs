@@ -40,6 +40,8 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
             old.tenant_header != new.tenant_header,
         ),
         ("telemetry", false, old.telemetry != new.telemetry),
+        ("request_body", false, old.request_body != new.request_body),
+        ("models", false, old.models != new.models),
         ("health_check", false, old.health_check != new.health_check),
         (
             "outlier_detection",

@@ -10,6 +10,7 @@ pub mod duration;
 mod guards;
 mod health;
 mod process;
+mod request;
 mod telemetry;
 mod validate;
 
@@ -20,6 +21,9 @@ pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use process::{
     AccessLogConfig, AccessLogFormat, AdminConfig, MetricsConfig, ReloadConfig, Timeouts,
+};
+pub use request::{
+    glob_matches, CountRange, ModelPatterns, ModelsConfig, OverLimit, RequestBodyConfig,
 };
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
 pub use validate::{ConfigError, ConfigErrors, TokenError};
@@ -87,6 +91,12 @@ pub struct Config {
     /// Prometheus metrics settings.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Which request bodies are read before routing, and their size limit.
+    #[serde(default)]
+    pub request_body: RequestBodyConfig,
+    /// Where backends' served models come from, and model aliases.
+    #[serde(default)]
+    pub models: ModelsConfig,
     /// The typed values validation compiled from the keys above (not a key itself).
     #[serde(skip)]
     pub compiled: Compiled,
@@ -112,6 +122,10 @@ pub struct BackendConfig {
     /// Where this backend's GPU and load figures are read (several sources merge).
     #[serde(default)]
     pub telemetry: Vec<SourceConfig>,
+    /// The models it serves; absent = discovered from its `GET /v1/models` (`models.discover`),
+    /// or unknown (it may get any model).
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
 }
 
 /// A named set of backends.
@@ -200,6 +214,18 @@ pub struct MatchConfig {
     /// `Content-Length` is below this many bytes (a body without one counts as 0).
     #[serde(default)]
     pub max_content_length: Option<u64>,
+    /// The body's `model` (after aliases) matches one of these patterns (`*` globs).
+    #[serde(default)]
+    pub model: Option<ModelPatterns>,
+    /// The body's `stream` is this (absent in the body counts as `false`).
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// The body's `max_tokens` (or `max_completion_tokens`) lies in this range (absent: 0).
+    #[serde(default)]
+    pub max_tokens: Option<CountRange>,
+    /// The prompt's estimated tokens (its text's bytes / 4) lie in this range.
+    #[serde(default)]
+    pub prompt_tokens: Option<CountRange>,
 }
 
 /// Why a configuration could not be loaded.

@@ -102,6 +102,10 @@ pub struct Timeouts {
     /// How long an idle upstream keep-alive connection is kept for reuse.
     #[serde(default = "defaults::upstream_idle_timeout", with = "duration")]
     pub upstream_keepalive: Duration,
+    /// Longest a client may take to send a request body that gpulb reads before routing
+    /// (`request_body.paths`); past it the client gets 408.
+    #[serde(default = "defaults::client_body_timeout", with = "duration")]
+    pub client_body: Duration,
 }
 
 impl Default for Timeouts {
@@ -111,6 +115,7 @@ impl Default for Timeouts {
             read: defaults::read_timeout(),
             write: defaults::write_timeout(),
             upstream_keepalive: defaults::upstream_idle_timeout(),
+            client_body: defaults::client_body_timeout(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Per-class handles of the request-path metrics, and the tenant label cap.
 
 use super::{now_s, status_label, LatencyWindow, Percentiles, MAX_TENANT_LEN};
-use prometheus::{Histogram, IntCounterVec};
+use crate::request::Usage;
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -15,7 +16,11 @@ pub struct ClassMetrics {
     pub(super) ttfb: Histogram,
     pub(super) queue_wait: Histogram,
     pub(super) shed: IntCounterVec,
+    pub(super) model_requests: IntCounterVec,
+    /// Prompt tokens estimated, prompt tokens reported, completion tokens reported.
+    pub(super) tokens: [IntCounter; 3],
     pub(super) tenants: Arc<TenantLabels>,
+    pub(super) models: Arc<TenantLabels>,
     pub(super) window: LatencyWindow,
     pub(super) finished_total: AtomicU64,
     pub(super) shed_total: AtomicU64,
@@ -62,7 +67,8 @@ impl ClassMetrics {
         &self.name
     }
 
-    /// See [`Metrics::request_finished`].
+    /// A request was answered: once per request, shed and failed ones too (`backend` `None`
+    /// when it never reached one); `ttfb` when a body byte was sent.
     pub fn request_finished(
         &self,
         backend: Option<&str>,
@@ -83,7 +89,22 @@ impl ClassMetrics {
         self.finished_total.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// See [`Metrics::shed`].
+    /// A request whose body was read asked for `model` (after aliases); `estimated` prompt
+    /// tokens, and the backend's `usage` when it reported one.
+    pub fn body_finished(&self, model: Option<&str>, estimated: u64, usage: Option<Usage>) {
+        let model = model.map_or("none", |m| self.models.label(m));
+        self.model_requests
+            .with_label_values(&[self.name.as_str(), model])
+            .inc();
+        if let Some(usage) = usage {
+            let [estimate, prompt, completion] = &self.tokens;
+            estimate.inc_by(estimated);
+            prompt.inc_by(usage.prompt_tokens);
+            completion.inc_by(usage.completion_tokens);
+        }
+    }
+
+    /// A request of `tenant` was refused by admission for `reason`.
     pub fn shed(&self, tenant: &str, reason: &str) {
         let tenant = self.tenants.label(tenant);
         self.shed
@@ -92,7 +113,7 @@ impl ClassMetrics {
         self.shed_total.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// See [`Metrics::queue_wait`].
+    /// A request waited `waited` in the queue before it was admitted.
     pub fn queue_wait(&self, waited: Duration) {
         self.queue_wait.observe(waited.as_secs_f64());
     }

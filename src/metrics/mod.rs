@@ -42,8 +42,11 @@ pub struct Metrics {
     ttfb: HistogramVec,
     queue_wait: HistogramVec,
     shed: IntCounterVec,
+    model_requests: IntCounterVec,
+    tokens: IntCounterVec,
     auth_failures: IntCounter,
     tenants: Arc<TenantLabels>,
+    models: Arc<TenantLabels>,
     classes: RwLock<HashMap<String, Arc<ClassMetrics>>>,
     host: Mutex<HostCpu>,
 }
@@ -102,7 +105,8 @@ pub fn now_s() -> u64 {
 }
 
 impl Metrics {
-    /// Every collector, registered; at most `max_tenants` tenant label values (then `other`).
+    /// Every collector, registered; at most `max_tenants` tenant label values, and as many model
+    /// label values (then `other`).
     pub fn new(max_tenants: usize) -> Metrics {
         let r = prometheus::Registry::new();
         let requests = counter(
@@ -132,6 +136,18 @@ impl Metrics {
             "Requests refused by admission, by class, tenant (capped, then other) and reason.",
             &["class", "tenant", "reason"],
         );
+        let model_requests = counter(
+            &r,
+            "gpulb_model_requests_total",
+            "Requests whose body gpulb read, by class and model (after aliases; capped, then other; none when the body named no model).",
+            &["class", "model"],
+        );
+        let tokens = counter(
+            &r,
+            "gpulb_tokens_total",
+            "Tokens of answered requests whose backend reported usage, by class and kind: prompt_estimated (gpulb's estimate from the body), prompt_reported and completion_reported (the backend's usage).",
+            &["class", "kind"],
+        );
         let auth_failures = register(
             &r,
             IntCounter::new(
@@ -147,8 +163,14 @@ impl Metrics {
             ttfb,
             queue_wait,
             shed,
+            model_requests,
+            tokens,
             auth_failures,
             tenants: Arc::new(TenantLabels {
+                max: max_tenants,
+                known: RwLock::default(),
+            }),
+            models: Arc::new(TenantLabels {
                 max: max_tenants,
                 known: RwLock::default(),
             }),
@@ -180,7 +202,11 @@ impl Metrics {
             ttfb: self.ttfb.with_label_values(&[name]),
             queue_wait: self.queue_wait.with_label_values(&[name]),
             shed: self.shed.clone(),
+            model_requests: self.model_requests.clone(),
+            tokens: ["prompt_estimated", "prompt_reported", "completion_reported"]
+                .map(|kind| self.tokens.with_label_values(&[name, kind])),
             tenants: Arc::clone(&self.tenants),
+            models: Arc::clone(&self.models),
             window: LatencyWindow::default(),
             finished_total: AtomicU64::new(0),
             shed_total: AtomicU64::new(0),

@@ -19,10 +19,9 @@ pub async fn admit(
 ) -> Result<Option<ProxyError>> {
     let index = ctx.class;
     let class = &snapshot.classes[index];
-    let waiting = class
-        .state
-        .queue
-        .admit(&ctx.tenant, &class.policy, || snapshot.grant(index));
+    let route = ctx.route.clone();
+    let queue = class.state.queues.get(&route);
+    let waiting = queue.admit(&ctx.tenant, &class.policy, || snapshot.grant(index, &route));
     // `biased`: a request admitted at once never starts the client watch.
     let outcome = tokio::select! {
         biased;

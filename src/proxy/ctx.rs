@@ -3,8 +3,9 @@
 use crate::admission::TenantSlot;
 use crate::error::ProxyError;
 use crate::metrics::ClassMetrics;
+use crate::request::BodyFacts;
 use crate::routing::Snapshot;
-use crate::routing::{Lease, Slot};
+use crate::routing::{Lease, ModelRoute, Slot};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,14 @@ pub struct RequestCtx {
     pub(crate) attempts: u32,
     /// Index of the backend of the latest attempt.
     pub(crate) backend: Option<usize>,
+    /// The request body, when gpulb read it (replayed to every attempt).
+    pub(crate) held_body: Option<bytes::Bytes>,
+    /// What the body says, when it was read and is a JSON request.
+    pub(crate) facts: Option<BodyFacts>,
+    /// The model asked for, after aliases.
+    pub(crate) model: Option<String>,
+    /// Which backends its model allows.
+    pub(crate) route: ModelRoute,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
 }

@@ -6,8 +6,10 @@
 //! exactly once however the request ends (response done, error, client gone, shutdown).
 
 mod admit;
+mod body;
 mod ctx;
 mod finish;
+mod intake;
 mod respond;
 
 pub use ctx::RequestCtx;
@@ -16,12 +18,12 @@ use crate::error::ProxyError;
 use crate::headers;
 use crate::health::AttemptFailure;
 use crate::metrics::Metrics;
-use crate::routing::Registry;
+use crate::routing::{ModelInfo, Registry, Snapshot};
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{ensure_request_id, respond_error, tenant_of};
+use respond::{ensure_request_id, respond_error, respond_models, tenant_of};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,6 +46,20 @@ impl Gpulb {
     }
 }
 
+/// For `GET /v1/models`, the models the fleet serves now, when any backend's list is known (else
+/// the request goes to a backend like any other).
+fn models_asked(session: &Session, snapshot: &Snapshot) -> Option<Vec<ModelInfo>> {
+    let req = session.req_header();
+    if req.method != http::Method::GET || req.uri.path() != "/v1/models" {
+        return None;
+    }
+    let known = snapshot
+        .backends
+        .iter()
+        .any(|b| b.state.models.get().is_some());
+    known.then(|| snapshot.served_models(crate::health::now_ms()))
+}
+
 #[async_trait]
 impl ProxyHttp for Gpulb {
     type CTX = RequestCtx;
@@ -60,11 +76,22 @@ impl ProxyHttp for Gpulb {
             &snapshot.config.request_id_header,
         )?);
         ctx.tenant = tenant_of(session, &snapshot.config.tenant_header);
-        let req = session.req_header();
-        ctx.class = snapshot.classify(&req.method, req.uri.path(), &req.headers);
         ctx.snapshot = Some(Arc::clone(&snapshot));
+        if let Some(models) = models_asked(session, &snapshot) {
+            respond_models(session, ctx, &models).await?;
+            return Ok(true);
+        }
+        let refused = intake::intake(session, ctx, &snapshot).await?;
         let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
+        if let Some(error) = refused {
+            tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
+            // Part of the body may be unread: this connection cannot carry another request.
+            session.set_keepalive(None);
+            respond_error(session, ctx, &error).await?;
+            ctx.failure = Some(error);
+            return Ok(true);
+        }
         // Admit and pick in one step: the lease granted here is the one `upstream_peer` uses.
         let refusal = admit::admit(session, ctx, &snapshot).await?;
         match refusal {
@@ -93,7 +120,7 @@ impl ProxyHttp for Gpulb {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "request has no snapshot"))?;
         if ctx.lease.is_none() {
             // A retry: the failed attempt's lease was released in `fail_to_connect`.
-            ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.failed);
+            ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.route, &ctx.failed);
             ctx.outcome_reported = false;
         }
         let Some(lease) = &ctx.lease else {
@@ -230,6 +257,17 @@ impl ProxyHttp for Gpulb {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        body::replay(ctx.held_body.as_ref(), body);
+        Ok(())
     }
 
     fn response_body_filter(

@@ -3,6 +3,7 @@
 use super::ctx::RequestCtx;
 use crate::error::ProxyError;
 use crate::headers;
+use crate::routing::ModelInfo;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
@@ -21,6 +22,29 @@ pub async fn respond_error(
     if let Some(seconds) = error.retry_after() {
         resp.insert_header("retry-after", seconds.to_string())?;
     }
+    if let Some(id) = &ctx.request_id {
+        resp.insert_header(ctx.id_header(), id.as_str())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
+/// Answers `GET /v1/models` with `models`, in OpenAI's list shape.
+pub async fn respond_models(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    models: &[ModelInfo],
+) -> Result<()> {
+    let data: Vec<_> = models
+        .iter()
+        .map(|m| {
+            serde_json::json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by})
+        })
+        .collect();
+    let body = Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string());
+    let mut resp = ResponseHeader::build(200, Some(3))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
     if let Some(id) = &ctx.request_id {
         resp.insert_header(ctx.id_header(), id.as_str())?;
     }

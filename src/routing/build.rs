@@ -1,7 +1,9 @@
 //! Building a snapshot from a validated config, carrying live state over by name.
 
 use super::classify::ClassRule;
-use super::{placement, Backend, BackendState, Class, ClassState, Pool, Snapshot};
+use super::{
+    placement, Backend, BackendState, Class, ClassState, ModelList, ModelSource, Pool, Snapshot,
+};
 use crate::admission::QueuePolicy;
 use crate::config::{BackendConfig, Config, Upstream};
 use crate::health::CheckStatus;
@@ -149,6 +151,7 @@ fn build_backend(
     if moved {
         state.telemetry.store(None);
     }
+    set_models(&state, b.models.as_deref(), moved);
     Backend {
         state,
         url: b.url.clone(),
@@ -158,5 +161,19 @@ fn build_backend(
         max_outstanding: b.max_outstanding,
         health_check,
         telemetry: b.telemetry.clone(),
+    }
+}
+
+/// A backend's model list from config, else what discovery found (forgotten when it moved, or
+/// when its config list was just removed, so discovery starts afresh).
+fn set_models(state: &BackendState, configured: Option<&[String]>, moved: bool) {
+    let was_configured = state
+        .models
+        .get()
+        .is_some_and(|l| l.source == ModelSource::Config);
+    match configured {
+        Some(ids) => state.models.set(Some(ModelList::configured(ids))),
+        None if moved || was_configured => state.models.set(None),
+        None => {}
     }
 }

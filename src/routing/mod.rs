@@ -9,12 +9,16 @@
 pub mod balance;
 mod build;
 pub mod classify;
+pub mod models;
 pub mod placement;
+mod queues;
 mod select;
 pub mod service_time;
 mod snapshot;
 mod state;
 
+pub use models::{ModelInfo, ModelList, ModelRoute, ModelSource};
+pub use queues::ClassQueues;
 pub use snapshot::{Backend, Class, Pool, Registry, Snapshot};
 pub use state::{BackendState, ClassState, Grant, InflightCounter, Lease, Slot};
 

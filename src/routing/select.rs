@@ -2,7 +2,7 @@
 
 use super::balance::{Candidate, REFERENCE_SPEED};
 use super::placement::{Choice, PoolSpeeds};
-use super::{Class, Grant, Lease, Pool, Snapshot};
+use super::{Class, Grant, Lease, ModelRoute, Pool, Snapshot};
 use crate::config::Guards;
 use crate::health::{now_ms, AttemptFailure};
 use crate::telemetry::is_fresh;
@@ -52,8 +52,7 @@ impl Snapshot {
         pool: usize,
         class: &Class,
         guards: &Guards,
-        excluded: &[usize],
-        may_hold: bool,
+        ask: &Ask<'_>,
     ) -> Result<Lease, Miss> {
         let pool = self.pools.get(pool).ok_or(Miss::Full)?;
         let members = &pool.members;
@@ -62,7 +61,8 @@ impl Snapshot {
             .iter()
             .map(|&i| {
                 let mut c = self.candidate(i, guards, class.backend_share, now_ms, now);
-                c.eligible &= !excluded.contains(&i);
+                c.eligible &=
+                    !ask.excluded.contains(&i) && self.backends[i].state.models.admits(ask.route);
                 c
             })
             .collect();
@@ -81,8 +81,8 @@ impl Snapshot {
             let chosen = placement
                 .pick(choice.candidates, &mut rng)
                 .ok_or(Miss::Full)?;
-            if may_hold {
-                let queued = class.state.queue.depth().max(1);
+            if ask.may_hold {
+                let queued = class.state.queues.depth().max(1);
                 if placement.may_hold(chosen, &choice, queued) {
                     return Err(Miss::Held);
                 }
@@ -122,33 +122,44 @@ impl Snapshot {
 
     /// A backend slot for class `class`: its own pool first, then its fallback pool. A request
     /// held for a faster backend of its own pool does not spill over.
-    fn acquire_in_pools(
-        &self,
-        class: usize,
-        excluded: &[usize],
-        may_hold: bool,
-    ) -> Result<Lease, Miss> {
+    fn acquire_in_pools(&self, class: usize, ask: &Ask<'_>) -> Result<Lease, Miss> {
         let c = self.classes.get(class).ok_or(Miss::Full)?;
-        match self.acquire(c.pool, c, &c.guards, excluded, may_hold) {
+        match self.acquire(c.pool, c, &c.guards, ask) {
             Err(Miss::Full) => match &c.fallback {
-                Some((pool, guards)) => self.acquire(*pool, c, guards, excluded, may_hold),
+                Some((pool, guards)) => self.acquire(*pool, c, guards, ask),
                 None => Err(Miss::Full),
             },
             placed_or_held => placed_or_held,
         }
     }
 
-    /// A backend slot for another attempt of a request of class `class` (never held: the
-    /// request is already admitted).
-    pub fn acquire_for_class(&self, class: usize, excluded: &[usize]) -> Option<Lease> {
-        self.acquire_in_pools(class, excluded, false).ok()
+    /// A backend slot for another attempt of a request of class `class` routed as `route`,
+    /// skipping the backends in `excluded` (never held: the request is already admitted).
+    pub fn acquire_for_class(
+        &self,
+        class: usize,
+        route: &ModelRoute,
+        excluded: &[usize],
+    ) -> Option<Lease> {
+        let ask = Ask {
+            route,
+            excluded,
+            may_hold: false,
+        };
+        self.acquire_in_pools(class, &ask).ok()
     }
 
-    /// Admission's unit: a class slot and a backend lease, taken together or not at all.
-    pub fn grant(&self, class: usize) -> Option<Grant> {
+    /// Admission's unit: a class slot and a backend lease (on a backend that `route` admits),
+    /// taken together or not at all.
+    pub fn grant(&self, class: usize, route: &ModelRoute) -> Option<Grant> {
         let c = self.classes.get(class)?;
         let class_slot = c.state.outstanding.try_acquire(c.max_outstanding)?;
-        match self.acquire_in_pools(class, &[], true) {
+        let ask = Ask {
+            route,
+            excluded: &[],
+            may_hold: true,
+        };
+        match self.acquire_in_pools(class, &ask) {
             Ok(lease) => Some(Grant { class_slot, lease }),
             Err(_) => {
                 class_slot.cancel();
@@ -160,11 +171,8 @@ impl Snapshot {
     /// Hands free slots to the queued requests of every class, in each queue's fairness order.
     pub fn dispatch_all(&self) {
         for (index, class) in self.classes.iter().enumerate() {
-            if class.state.queue.depth() > 0 {
-                class
-                    .state
-                    .queue
-                    .dispatch(&class.policy, || self.grant(index));
+            for (route, queue) in class.state.queues.waiting() {
+                queue.dispatch(&class.policy, || self.grant(index, &route));
             }
         }
     }
@@ -212,6 +220,16 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// What one request asks of selection besides its class.
+struct Ask<'a> {
+    /// Which backends its model allows.
+    route: &'a ModelRoute,
+    /// Backends already tried for it.
+    excluded: &'a [usize],
+    /// Whether the placement may keep it queued for a better backend.
+    may_hold: bool,
 }
 
 /// Why no backend slot was taken.

@@ -3,13 +3,13 @@
 //! Live backend state (`Arc<BackendState>`) is carried from one snapshot to the next by backend
 //! name, so a rebuild never loses in-flight counts.
 
-use super::classify::ClassRule;
+use super::classify::{BodyView, ClassRule, Envelope};
 use super::placement::Placement;
 use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
 use crate::config::{Config, Guards, HealthCheck, SourceConfig, Upstream};
+use crate::request::BodyError;
 use arc_swap::ArcSwap;
-use http::{HeaderMap, Method};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -108,12 +108,19 @@ impl Snapshot {
             .collect()
     }
 
-    /// The class a request belongs to: the first whose rule matches, else the default.
-    pub fn classify(&self, method: &Method, path: &str, headers: &HeaderMap) -> usize {
-        self.classes
-            .iter()
-            .position(|c| c.rule.matches(method, path, headers))
-            .unwrap_or(self.default_class)
+    /// The class a request belongs to: the first whose rule matches, else the default; the
+    /// body's error when a rule tried in order needs the body and it is not a JSON request.
+    pub fn classify<'a>(
+        &self,
+        req: &Envelope<'_>,
+        body: BodyView<'a>,
+    ) -> Result<usize, &'a BodyError> {
+        for (index, class) in self.classes.iter().enumerate() {
+            if class.rule.matches(req, body)? {
+                return Ok(index);
+            }
+        }
+        Ok(self.default_class)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Live per-backend and per-class state: in-flight counters and the RAII slots that hold them.
 
-use crate::admission::ClassQueue;
+use super::models::ServedModels;
+use super::queues::ClassQueues;
 use crate::config::ResolveError;
 use crate::health::HealthState;
 use crate::routing::service_time::ServiceTimes;
@@ -100,6 +101,8 @@ pub struct BackendState {
     pub telemetry_errors: Arc<AtomicU64>,
     /// Where it is reached: resolved when a snapshot is built, again by each health check.
     pub address: Address,
+    /// The models it serves, when known.
+    pub models: ServedModels,
 }
 
 /// A backend's address, or why its name has none (then it gets no traffic).
@@ -150,6 +153,7 @@ impl BackendState {
             telemetry: Arc::new(arc_swap::ArcSwapOption::empty()),
             telemetry_errors: Arc::new(AtomicU64::new(0)),
             address: Address::default(),
+            models: ServedModels::default(),
         }
     }
 
@@ -163,8 +167,8 @@ impl BackendState {
 pub struct ClassState {
     /// Requests of this class in flight now.
     pub outstanding: Arc<InflightCounter>,
-    /// Requests of this class waiting for a backend slot.
-    pub queue: ClassQueue<Grant>,
+    /// Requests of this class waiting for a backend slot, by the model they ask for.
+    pub queues: ClassQueues,
     /// How long its requests take on each backend.
     pub service_times: ServiceTimes,
 }
@@ -174,7 +178,7 @@ impl ClassState {
     pub fn new(released: Arc<Notify>) -> Self {
         ClassState {
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
-            queue: ClassQueue::new(),
+            queues: ClassQueues::default(),
             service_times: ServiceTimes::default(),
         }
     }
@@ -184,7 +188,7 @@ impl std::fmt::Debug for ClassState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClassState")
             .field("outstanding", &self.outstanding.get())
-            .field("queued", &self.queue.depth())
+            .field("queued", &self.queues.depth())
             .finish()
     }
 }

@@ -1,9 +1,18 @@
 //! Unit tests of snapshot building, classification and slot acquisition.
 
+use super::classify::{BodyView, Envelope};
 use super::*;
 use crate::config::Config;
 use http::{HeaderMap, Method};
 use std::sync::Arc;
+
+fn envelope<'a>(method: &'a Method, path: &'a str, headers: &'a HeaderMap) -> Envelope<'a> {
+    Envelope {
+        method,
+        path,
+        headers,
+    }
+}
 
 fn config(yaml: &str) -> Config {
     Config::from_yaml(yaml).unwrap()
@@ -29,21 +38,39 @@ fn classify_takes_first_match_then_default() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     let mut headers = HeaderMap::new();
     assert_eq!(
-        snap.classify(&Method::POST, "/v1/chat/completions", &headers),
+        snap.classify(
+            &envelope(&Method::POST, "/v1/chat/completions", &headers),
+            BodyView::Unread
+        )
+        .unwrap(),
         0
     );
-    assert_eq!(snap.classify(&Method::POST, "/v1/completions", &headers), 2);
+    assert_eq!(
+        snap.classify(
+            &envelope(&Method::POST, "/v1/completions", &headers),
+            BodyView::Unread
+        )
+        .unwrap(),
+        2
+    );
     headers.insert("x-pin", "yes".parse().unwrap());
-    assert_eq!(snap.classify(&Method::POST, "/v1/completions", &headers), 1);
+    assert_eq!(
+        snap.classify(
+            &envelope(&Method::POST, "/v1/completions", &headers),
+            BodyView::Unread
+        )
+        .unwrap(),
+        1
+    );
 }
 
 #[test]
 fn acquire_fills_backends_to_their_caps_then_refuses() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     let leases: Vec<Lease> = (0..3)
-        .map(|_| snap.acquire_for_class(0, &[]).unwrap())
+        .map(|_| snap.acquire_for_class(0, &ModelRoute::Any, &[]).unwrap())
         .collect();
-    assert!(snap.acquire_for_class(0, &[]).is_none());
+    assert!(snap.acquire_for_class(0, &ModelRoute::Any, &[]).is_none());
     assert_eq!(snap.backends[0].state.outstanding.get(), 2);
     assert_eq!(snap.backends[1].state.outstanding.get(), 1);
     drop(leases);
@@ -55,17 +82,17 @@ fn acquire_fills_backends_to_their_caps_then_refuses() {
 fn acquire_skips_excluded_backends() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     for _ in 0..10 {
-        let lease = snap.acquire_for_class(0, &[0]).unwrap();
+        let lease = snap.acquire_for_class(0, &ModelRoute::Any, &[0]).unwrap();
         assert_eq!(lease.backend, 1);
     }
-    assert!(snap.acquire_for_class(1, &[0]).is_none());
+    assert!(snap.acquire_for_class(1, &ModelRoute::Any, &[0]).is_none());
 }
 
 #[test]
 fn apply_keeps_live_state_by_name() {
     let registry = Registry::new(config(TWO_CLASSES));
     let first = registry.load();
-    let held = first.acquire_for_class(1, &[]).unwrap();
+    let held = first.acquire_for_class(1, &ModelRoute::Any, &[]).unwrap();
     let changed = TWO_CLASSES.replace("max_outstanding: 2", "max_outstanding: 5");
     assert_eq!(registry.apply(config(&changed)), 2);
     let second = registry.load();
@@ -100,18 +127,31 @@ classes:
         times.record("fast", std::time::Duration::from_millis(100), 1000, now);
         times.record("slow", std::time::Duration::from_millis(800), 1000, now);
     }
-    let first = snap.grant(0).expect("the fast backend is free");
+    let first = snap
+        .grant(0, &ModelRoute::Any)
+        .expect("the fast backend is free");
     assert_eq!(first.lease.backend, 0);
     // The fast one frees a slot in ~100 ms; the slow one would lose 700 ms: wait, and do not
     // spill to the fallback pool either.
-    assert!(snap.grant(0).is_none(), "held for the fast backend");
+    assert!(
+        snap.grant(0, &ModelRoute::Any).is_none(),
+        "held for the fast backend"
+    );
     assert_eq!(snap.backends[1].state.outstanding.get(), 0);
     assert_eq!(snap.backends[2].state.outstanding.get(), 0);
     // An admitted request's retry takes what is free.
-    let retry = snap.acquire_for_class(0, &[]).expect("retries never hold");
+    let retry = snap
+        .acquire_for_class(0, &ModelRoute::Any, &[])
+        .expect("retries never hold");
     assert_eq!(retry.backend, 1);
     // With both of the main pool full, the fallback pool is used.
-    assert_eq!(snap.grant(0).expect("spills when full").lease.backend, 2);
+    assert_eq!(
+        snap.grant(0, &ModelRoute::Any)
+            .expect("spills when full")
+            .lease
+            .backend,
+        2
+    );
 }
 
 #[test]

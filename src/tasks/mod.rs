@@ -1,15 +1,17 @@
 //! Background loops beside the request path, each owning one concern: admission dispatch,
-//! and per-backend health checks and telemetry polls.
+//! and per-backend health checks, model discovery and telemetry polls.
 //!
 //! Per-backend loops run as one task per backend, kept in step with the current snapshot:
 //! reloads add, restart (when a backend's settings change) and stop them.
 
 mod dispatch;
 mod health_checks;
+mod model_discovery;
 mod telemetry_polls;
 
 pub use dispatch::Dispatcher;
 pub use health_checks::HealthChecks;
+pub use model_discovery::ModelDiscovery;
 pub use telemetry_polls::TelemetryPolling;
 
 use crate::routing::{Backend, Registry, Snapshot};

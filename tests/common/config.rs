@@ -307,7 +307,8 @@ impl Class {
         self.matching("min_content_length", bytes)
     }
 
-    fn matching(mut self, key: &str, value: impl Display) -> Class {
+    /// Matches on any `match` key, its YAML value as written (`stream`, `true`).
+    pub fn matching(mut self, key: &str, value: impl Display) -> Class {
         self.matcher.set(key, value);
         let matcher = self.matcher.clone();
         self.set("match", matcher)

@@ -57,7 +57,7 @@ impl Req {
     /// A streamed chat completion of `max_tokens` tokens.
     pub fn chat_stream(max_tokens: u32) -> Req {
         let body = format!(
-            r#"{{"model":"sim","stream":true,"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            r#"{{"model":"sim-model","stream":true,"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
         );
         Req::post("/v1/chat/completions", body).header("content-type", "application/json")
     }
@@ -97,7 +97,7 @@ impl Req {
 /// A JSON completion request body.
 pub fn completion(max_tokens: u32, stream: bool) -> String {
     format!(
-        r#"{{"model":"sim","prompt":"hello world","max_tokens":{max_tokens},"stream":{stream}}}"#
+        r#"{{"model":"sim-model","prompt":"hello world","max_tokens":{max_tokens},"stream":{stream}}}"#
     )
 }
 

@@ -6,7 +6,7 @@ pub use rules::TokenError;
 
 use rules::validate_admission;
 
-use super::compiled::{Compiled, MatchRule, Upstream};
+use super::compiled::{BodyRule, Compiled, MatchRule, Upstream};
 use super::{BackendConfig, ClassConfig, Config, MatchConfig, PoolConfig};
 use http::{HeaderName, HeaderValue, Method};
 use std::collections::HashSet;
@@ -65,6 +65,7 @@ impl Config {
         let (tenant_header, request_id_header) = self.validate_globals(&mut report);
         let (backend_names, upstreams) = validate_backends(&self.backends, &mut report);
         self.validate_health(&mut report);
+        self.validate_requests(&mut report);
         let pool_names = validate_pools(&self.pools, &backend_names, &mut report);
         let (class_names, class_rules) = validate_classes(&self.classes, &pool_names, &mut report);
         if self.classes.is_empty() && self.pools.len() > 1 {
@@ -104,6 +105,7 @@ impl Config {
             ("read", t.read),
             ("write", t.write),
             ("upstream_keepalive", t.upstream_keepalive),
+            ("client_body", t.client_body),
         ] {
             report.check(!value.is_zero(), format!("timeouts.{name}"), "must be > 0");
         }
@@ -278,11 +280,22 @@ fn compile_match(rules: &MatchConfig, at: &str, report: &mut Report) -> MatchRul
             headers.push((name, value));
         }
     }
+    let body = (rules.model.is_some()
+        || rules.stream.is_some()
+        || rules.max_tokens.is_some()
+        || rules.prompt_tokens.is_some())
+    .then(|| BodyRule {
+        model: rules.model.clone(),
+        stream: rules.stream,
+        max_tokens: rules.max_tokens,
+        prompt_tokens: rules.prompt_tokens,
+    });
     MatchRule {
         path_prefix: rules.path_prefix.clone(),
         methods,
         headers,
         min_content_length: rules.min_content_length,
         max_content_length: rules.max_content_length,
+        body,
     }
 }

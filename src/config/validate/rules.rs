@@ -171,6 +171,63 @@ fn check_health(h: &crate::config::HealthCheck, at: &str, report: &mut Report) {
     report.check(h.fall >= 1, format!("{at}.fall"), "must be >= 1");
 }
 
+impl Config {
+    /// Checks `request_body`, `models`, backends' model lists and body-aware class rules.
+    pub(super) fn validate_requests(&self, report: &mut Report) {
+        let body = &self.request_body;
+        for (i, path) in body.paths.iter().enumerate() {
+            report.check(
+                path.starts_with('/'),
+                format!("request_body.paths[{i}]"),
+                "must start with '/'",
+            );
+        }
+        report.check(
+            body.max_bytes >= 1,
+            "request_body.max_bytes",
+            "must be >= 1",
+        );
+        let models = &self.models;
+        for (key, value) in [("interval", models.interval), ("timeout", models.timeout)] {
+            report.check(!value.is_zero(), format!("models.{key}"), "must be > 0");
+        }
+        for (alias, model) in &models.aliases {
+            let at = format!("models.aliases.{alias}");
+            if model.is_empty() || model == alias {
+                report.error(at, "must name another model");
+            } else if models.aliases.contains_key(model) {
+                report.error(at, format!("{model:?} is an alias itself; name the model"));
+            }
+        }
+        for (i, backend) in self.backends.iter().enumerate() {
+            let Some(list) = &backend.models else {
+                continue;
+            };
+            report.check(
+                !list.is_empty() && list.iter().all(|m| !m.is_empty()),
+                format!("backends[{i}].models"),
+                "must list at least one model, none empty (omit the key to discover them)",
+            );
+        }
+        for (i, class) in self.classes.iter().enumerate() {
+            let m = &class.matcher;
+            let reads_body = m.model.is_some()
+                || m.stream.is_some()
+                || m.max_tokens.is_some()
+                || m.prompt_tokens.is_some();
+            if let (true, Some(prefix)) = (reads_body, &m.path_prefix) {
+                report.check(
+                    body.paths.iter().any(|p| p.starts_with(prefix.as_str())),
+                    format!("classes[{i}].match"),
+                    format!(
+                        "looks at the request body, but no path in request_body.paths starts with {prefix:?}"
+                    ),
+                );
+            }
+        }
+    }
+}
+
 impl crate::config::AdminConfig {
     /// The admin bearer token from `token_env` or `token_file`; `None` when neither is set.
     pub fn token(&self) -> Result<Option<String>, TokenError> {

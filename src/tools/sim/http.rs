@@ -89,7 +89,11 @@ pub(crate) async fn handle(
         // Killed: never answer; the connection is about to be dropped.
         std::future::pending::<()>().await;
     }
-    let control = matches!(req.uri().path(), "/health" | "/metrics" | "/dcgm/metrics");
+    // What a load balancer polls (health, telemetry, model lists) is not traffic.
+    let control = matches!(
+        req.uri().path(),
+        "/health" | "/metrics" | "/dcgm/metrics" | "/v1/models"
+    );
     if control {
         sh.control.fetch_add(1, Ordering::Relaxed);
     } else {

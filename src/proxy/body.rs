@@ -1,0 +1,109 @@
+//! Reading a request's JSON body before a backend is chosen, and replaying it upstream.
+//!
+//! pingora forwards a body read in `request_filter` only through its retry buffer, which holds
+//! 64 KiB and is dropped whole once more is written to it. So buffering is turned on just
+//! before the read that completes the body: the buffer then holds the body's tail, pingora
+//! sends it as the first (and, the body being done, only) piece of the upstream body, and
+//! `request_body_filter` puts the whole held body in its place ([`replay`]). The bytes are
+//! forwarded exactly as received. A chunked body has no known end, so it is held only up to the
+//! buffer's size.
+
+use crate::config::{Config, OverLimit};
+use crate::error::ProxyError;
+use crate::request::{self, BodyError, BodyFacts};
+use bytes::{Bytes, BytesMut};
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use tokio::time::{timeout_at, Instant};
+
+/// pingora's retry buffer: the most of a body it can replay by itself.
+pub const RETRY_BUFFER: usize = 64 * 1024;
+
+/// A request body as read before routing.
+#[derive(Debug)]
+pub enum Body {
+    /// Not read: not a body path, no body, not JSON, or over the limit and forwarded as is.
+    Unread,
+    /// Read whole and held for the upstream; what it says, or why it is not a request.
+    Held {
+        /// The bytes received.
+        bytes: Bytes,
+        /// Its facts, or why it could not be read as a request.
+        facts: Result<BodyFacts, BodyError>,
+    },
+}
+
+/// Whether `config` has gpulb read the body of this request: a configured path, and a content
+/// type that can be JSON (clients such as `curl -d` label JSON as a form; uploads are skipped).
+fn wanted(session: &Session, config: &Config) -> bool {
+    let req = session.req_header();
+    let path = req.uri.path();
+    if !config.request_body.paths.iter().any(|p| p == path) {
+        return false;
+    }
+    req.headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|t| {
+            let t = t.trim_start().to_ascii_lowercase();
+            !(t.starts_with("multipart/") || t.starts_with("application/octet-stream"))
+        })
+}
+
+/// The `Content-Length` of the request, when it has one (else it is chunked).
+fn content_length(session: &Session) -> Option<usize> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Reads the body of a request `config` wants read. `Ok(Err(..))` is an answer for the client
+/// (413, 408); `Err` is a failure of the client connection.
+pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body, ProxyError>> {
+    if !wanted(session, config) || session.as_downstream_mut().is_body_empty() {
+        return Ok(Ok(Body::Unread));
+    }
+    let max = config.request_body.max_bytes;
+    let length = content_length(session);
+    if let Some(size) = length.filter(|&n| n > max) {
+        return Ok(match config.request_body.over_limit {
+            OverLimit::Reject => Err(ProxyError::BodyTooLarge { size, limit: max }),
+            OverLimit::Forward => Ok(Body::Unread),
+        });
+    }
+    let limit = length.map_or(max.min(RETRY_BUFFER), |n| n.min(max));
+    let deadline = Instant::now() + config.timeouts.client_body;
+    let mut held = BytesMut::with_capacity(length.unwrap_or(0).min(limit));
+    let mut buffering = false;
+    loop {
+        let rest = length.map_or(0, |n| n.saturating_sub(held.len()));
+        if !buffering && rest <= RETRY_BUFFER {
+            session.as_downstream_mut().enable_retry_buffering();
+            buffering = true;
+        }
+        let chunk = match timeout_at(deadline, session.read_request_body()).await {
+            Err(_) => return Ok(Err(ProxyError::BodyTimeout(config.timeouts.client_body))),
+            Ok(read) => read?,
+        };
+        let Some(chunk) = chunk else { break };
+        if held.len() + chunk.len() > limit {
+            let size = held.len() + chunk.len();
+            return Ok(Err(ProxyError::BodyTooLarge { size, limit }));
+        }
+        held.extend_from_slice(&chunk);
+    }
+    let bytes = held.freeze();
+    let facts = request::parse(&bytes);
+    Ok(Ok(Body::Held { bytes, facts }))
+}
+
+/// Puts the held body in place of what pingora is about to send upstream (its retry buffer's
+/// tail of it); nothing changes for a body that was not held.
+pub fn replay(held: Option<&Bytes>, body: &mut Option<Bytes>) {
+    if let (Some(held), Some(piece)) = (held, body.as_mut()) {
+        *piece = held.clone();
+    }
+}

@@ -1,0 +1,84 @@
+//! The first step of `request_filter`: read the body when configured, classify the request,
+//! and find which backends its model allows. Anything wrong here is the client's to fix.
+
+use super::body::{self, Body};
+use super::ctx::RequestCtx;
+use crate::error::ProxyError;
+use crate::routing::classify::{BodyView, Envelope};
+use crate::routing::Snapshot;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+/// Fills `ctx` with the request's body, facts, class and model route; the error to answer
+/// when the body or the model is refused. `Err` is a failure of the client connection.
+pub async fn intake(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    snapshot: &Snapshot,
+) -> Result<Option<ProxyError>> {
+    let config = &snapshot.config;
+    let read = body::read(session, config).await?;
+    let (body_error, refusal) = match read {
+        Ok(Body::Unread) => (None, None),
+        Ok(Body::Held { bytes, facts }) => {
+            ctx.held_body = Some(bytes);
+            match facts {
+                Ok(facts) => {
+                    ctx.model = facts.model.as_deref().map(|m| {
+                        config
+                            .models
+                            .aliases
+                            .get(m)
+                            .map_or(m, String::as_str)
+                            .to_string()
+                    });
+                    ctx.facts = Some(facts);
+                    (None, None)
+                }
+                Err(e) => (Some(e), None),
+            }
+        }
+        Err(refusal) => (None, Some(refusal)),
+    };
+    let view = match (&ctx.facts, &body_error) {
+        (Some(facts), _) => BodyView::Read {
+            facts,
+            model: ctx.model.as_deref(),
+        },
+        (None, Some(e)) => BodyView::Invalid(e),
+        (None, None) => BodyView::Unread,
+    };
+    let req = session.req_header();
+    let envelope = Envelope {
+        method: &req.method,
+        path: req.uri.path(),
+        headers: &req.headers,
+    };
+    // A refused body still gets a class (by its envelope), for the metrics.
+    let view = if refusal.is_some() {
+        BodyView::Unread
+    } else {
+        view
+    };
+    ctx.class = match snapshot.classify(&envelope, view) {
+        Ok(class) => class,
+        Err(invalid) => {
+            let error = ProxyError::InvalidBody(invalid.to_string());
+            ctx.class = snapshot.default_class;
+            return Ok(Some(error));
+        }
+    };
+    if refusal.is_some() {
+        return Ok(refusal);
+    }
+    match snapshot.model_route(ctx.class, ctx.model.as_deref()) {
+        Ok(route) => {
+            ctx.route = route;
+            Ok(None)
+        }
+        Err(served) => Ok(Some(ProxyError::ModelNotFound {
+            model: ctx.model.clone().unwrap_or_default(),
+            served,
+        })),
+    }
+}

@@ -1,0 +1,254 @@
+//! Facts read once per request from its JSON body (OpenAI style): the model, whether it
+//! streams, how many tokens it may generate, and an estimate of its prompt's tokens.
+//!
+//! Only the top-level fields needed are parsed; the prompt's text is measured, never copied, and
+//! the body itself is forwarded as received.
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::fmt;
+
+/// Bytes of prompt text counted as one token: the usual rule of thumb for English and code.
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+/// What an OpenAI-style request body says about the work it asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyFacts {
+    /// `model`, as the client wrote it.
+    pub model: Option<String>,
+    /// `stream` (absent: false).
+    pub stream: bool,
+    /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`, whichever is given.
+    pub max_tokens: Option<u64>,
+    /// `n`: completions asked for (absent: 1).
+    pub n: u64,
+    /// Estimated prompt tokens: the bytes of text in `prompt`, `messages` or `input`, divided by
+    /// [`BYTES_PER_TOKEN`], rounded up; a token-id array counts one per id.
+    pub prompt_tokens: u64,
+}
+
+impl BodyFacts {
+    /// Estimated tokens of work: the prompt plus what may be generated for every completion.
+    pub fn estimated_tokens(&self) -> u64 {
+        let generated = self.max_tokens.unwrap_or(0).saturating_mul(self.n.max(1));
+        self.prompt_tokens.saturating_add(generated)
+    }
+}
+
+/// Why a body could not be read as an OpenAI-style request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("request body is not a JSON object of an OpenAI-style request: {0}")]
+pub struct BodyError(String);
+
+/// The top-level fields read; everything else is skipped unparsed.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    prompt: Option<TextSize>,
+    #[serde(default)]
+    messages: Option<TextSize>,
+    #[serde(default)]
+    input: Option<TextSize>,
+}
+
+/// Reads the facts of a JSON request body.
+pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
+    let e: Envelope = serde_json::from_slice(body).map_err(|e| BodyError(e.to_string()))?;
+    let text = [e.prompt, e.messages, e.input]
+        .into_iter()
+        .flatten()
+        .map(|t| t.0)
+        .sum::<u64>();
+    Ok(BodyFacts {
+        model: e.model.map(Cow::into_owned),
+        stream: e.stream.unwrap_or(false),
+        max_tokens: e
+            .max_tokens
+            .or(e.max_completion_tokens)
+            .or(e.max_output_tokens),
+        n: e.n.unwrap_or(1),
+        prompt_tokens: text.div_ceil(BYTES_PER_TOKEN),
+    })
+}
+
+/// Token counts a backend reported in its answer's `usage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens, as the model server's tokenizer counted them.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    #[serde(default)]
+    pub completion_tokens: u64,
+}
+
+/// Most of a response's end kept to find its `usage` in.
+pub const USAGE_TAIL: usize = 2048;
+
+/// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events
+/// of a stream that asked for `stream_options.include_usage`).
+pub fn usage_in(tail: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let at = tail.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let rest = &tail[at + KEY.len()..];
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let value = &rest[colon + 1..];
+    serde_json::Deserializer::from_slice(value)
+        .into_iter::<Usage>()
+        .next()?
+        .ok()
+}
+
+/// Bytes of prompt text in any JSON value: string values count their length, numbers (token
+/// ids) count as one token each; object keys and the values of naming keys (`role`, `type`,
+/// `name`, `id`) do not count.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct TextSize(u64);
+
+impl<'de> Deserialize<'de> for TextSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TextVisitor).map(TextSize)
+    }
+}
+
+struct TextVisitor;
+
+impl<'de> Visitor<'de> for TextVisitor {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("prompt text")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+        Ok(v.len() as u64)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
+        Ok(BYTES_PER_TOKEN)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
+        Ok(BYTES_PER_TOKEN)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
+        Ok(0)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
+        Ok(0)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
+        Ok(0)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let mut total = 0u64;
+        while let Some(TextSize(n)) = seq.next_element()? {
+            total = total.saturating_add(n);
+        }
+        Ok(total)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+        let mut total = 0u64;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if matches!(key.as_ref(), "role" | "type" | "name" | "id") {
+                map.next_value::<IgnoredAny>()?;
+            } else {
+                total = total.saturating_add(map.next_value::<TextSize>()?.0);
+            }
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_facts() {
+        let body = br#"{"messages":[{"role":"system","content":"You are terse."},
+            {"role":"user","content":[{"type":"text","text":"Hello there"}]}],
+            "model":"llama-3.1-8b","stream":true,"max_completion_tokens":64,"n":2,
+            "temperature":0.2,"tools":[{"type":"function"}]}"#;
+        let f = parse(body).unwrap();
+        assert_eq!(f.model.as_deref(), Some("llama-3.1-8b"));
+        assert!(f.stream);
+        assert_eq!(f.max_tokens, Some(64));
+        assert_eq!(f.n, 2);
+        // "You are terse." (14) + "Hello there" (11) = 25 bytes: 7 tokens.
+        assert_eq!(f.prompt_tokens, 7);
+        assert_eq!(f.estimated_tokens(), 7 + 128);
+    }
+
+    #[test]
+    fn completion_and_embedding_prompts() {
+        let f = parse(br#"{"model":"m","prompt":"12345678","max_tokens":5}"#).unwrap();
+        assert_eq!(
+            (f.prompt_tokens, f.max_tokens, f.stream, f.n),
+            (2, Some(5), false, 1)
+        );
+        let ids = parse(br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(ids.prompt_tokens, 3);
+        let batch = parse(br#"{"model":"e","input":["abcd","efgh\u00e9"]}"#).unwrap();
+        assert_eq!(batch.prompt_tokens, 3, "4 + 6 bytes");
+        let empty = parse(b"{}").unwrap();
+        assert_eq!(
+            empty,
+            BodyFacts {
+                n: 1,
+                ..BodyFacts::default()
+            }
+        );
+    }
+
+    #[test]
+    fn nulls_count_as_absent() {
+        let f = parse(br#"{"model":null,"stream":null,"max_tokens":null,"prompt":null}"#);
+        assert_eq!(f.unwrap().model, None);
+    }
+
+    #[test]
+    fn usage_is_found_at_the_end_of_json_and_sse_answers() {
+        let json = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
+        let expected = Usage {
+            prompt_tokens: 12,
+            completion_tokens: 5,
+        };
+        assert_eq!(usage_in(json), Some(expected));
+        let sse = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n";
+        assert_eq!(usage_in(sse), Some(expected));
+        assert_eq!(usage_in(b"data: [DONE]\n\n"), None);
+        assert_eq!(usage_in(br#"{"usage": null}"#), None);
+    }
+
+    #[test]
+    fn what_is_not_a_request_is_an_error_that_says_why() {
+        for bad in [
+            &b"not json"[..],
+            b"[1,2]",
+            br#"{"stream":"yes"}"#,
+            br#"{"model":"#,
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("request body is not"), "{e}");
+        }
+    }
+}

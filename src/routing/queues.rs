@@ -1,0 +1,63 @@
+//! A class's admission queues, one per model route: a request waits only for backends that
+//! serve its model, so a busy model never holds up requests for an idle one.
+
+use super::models::ModelRoute;
+use super::state::Grant;
+use crate::admission::ClassQueue;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+/// The queues of one class, by model route; kept across reloads with the class.
+#[derive(Default)]
+pub struct ClassQueues {
+    by_route: RwLock<HashMap<ModelRoute, Arc<ClassQueue<Grant>>>>,
+}
+
+impl ClassQueues {
+    /// The queue of `route`, made on first use. Routes are bounded by the models served.
+    pub fn get(&self, route: &ModelRoute) -> Arc<ClassQueue<Grant>> {
+        if let Some(q) = self.read().get(route) {
+            return Arc::clone(q);
+        }
+        let mut map = self.by_route.write().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(map.entry(route.clone()).or_default())
+    }
+
+    /// Every queue with someone waiting, with its route.
+    pub fn waiting(&self) -> Vec<(ModelRoute, Arc<ClassQueue<Grant>>)> {
+        self.read()
+            .iter()
+            .filter(|(_, q)| q.depth() > 0)
+            .map(|(r, q)| (r.clone(), Arc::clone(q)))
+            .collect()
+    }
+
+    /// Requests waiting now, over every route.
+    pub fn depth(&self) -> usize {
+        self.read().values().map(|q| q.depth()).sum()
+    }
+
+    /// Requests waiting now, per tenant with any, over every route.
+    pub fn depth_by_tenant(&self) -> BTreeMap<String, usize> {
+        let mut by_tenant = BTreeMap::new();
+        for q in self.read().values() {
+            for (tenant, n) in q.depth_by_tenant() {
+                *by_tenant.entry(tenant).or_insert(0) += n;
+            }
+        }
+        by_tenant
+    }
+
+    /// Requests waiting now, per model route with any (`*` for requests naming none).
+    pub fn depth_by_model(&self) -> BTreeMap<String, usize> {
+        self.read()
+            .iter()
+            .map(|(r, q)| (r.label().to_string(), q.depth()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ModelRoute, Arc<ClassQueue<Grant>>>> {
+        self.by_route.read().unwrap_or_else(|e| e.into_inner())
+    }
+}

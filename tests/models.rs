@@ -1,0 +1,227 @@
+//! Request-aware routing: the body's `model` picks the backends (listed in config or discovered
+//! from their `/v1/models`), body-aware class rules, and the body forwarded exactly as sent.
+
+mod common;
+
+use common::{served_by, start_workers, Backend, Class, Config, Pool, Proxy, Req};
+use gpulb::tools::sim::SimWorker;
+use serde_json::Value;
+
+/// A chat completion for `model`.
+fn chat(model: &str) -> Req {
+    Req::post(
+        "/v1/chat/completions",
+        format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}],"model":"{model}","max_tokens":2}}"#
+        ),
+    )
+}
+
+/// Four workers: w0 and w1 serve `llama`, w2 and w3 serve `qwen` (refusing other models).
+async fn two_model_fleet() -> Vec<SimWorker> {
+    start_workers(4, |p| {
+        let model = if p.name.as_str() < "w2" {
+            "llama"
+        } else {
+            "qwen"
+        };
+        *p = p.clone().serving(&[model]);
+    })
+    .await
+}
+
+/// Discovery every 100 ms.
+fn discovering(workers: &[SimWorker]) -> Config {
+    Config::fleet(workers).set("models", "{interval: 100ms}")
+}
+
+/// Waits until `/status` shows a model list on every backend; the status then.
+async fn lists_known(proxy: &Proxy) -> Value {
+    proxy
+        .wait_status("every backend's models known", |s| {
+            let backends = s["backends"].as_array()?;
+            backends
+                .iter()
+                .all(|b| b["models"].is_object())
+                .then(|| s.clone())
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_models_route_requests_and_unknown_models_get_404() {
+    let workers = two_model_fleet().await;
+    let proxy = Proxy::start(discovering(&workers)).await;
+    let status = lists_known(&proxy).await;
+    assert_eq!(status["backends"][0]["models"]["source"], "discovered");
+
+    let llama = served_by(&proxy.send_n(8, &chat("llama")).await);
+    assert!(llama.iter().all(|w| w == "w0" || w == "w1"), "{llama:?}");
+    let qwen = served_by(&proxy.send_n(8, &chat("qwen")).await);
+    assert!(qwen.iter().all(|w| w == "w2" || w == "w3"), "{qwen:?}");
+
+    let missing = proxy.send(&chat("gpt-5")).await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    assert_eq!(missing.worker, "", "answered by gpulb");
+    let error = &missing.json()["error"];
+    assert_eq!(error["code"], "model_not_found");
+    assert_eq!(error["type"], "invalid_request_error");
+    assert!(error["message"]
+        .as_str()
+        .unwrap()
+        .contains("served: llama, qwen"));
+
+    // `GET /v1/models` through gpulb: the fleet's union, in OpenAI's shape.
+    let list = proxy.send(&Req::get("/v1/models")).await;
+    assert_eq!(list.status, 200);
+    let page = list.json();
+    let ids: Vec<&str> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["llama", "qwen"]);
+    assert_eq!(page["data"][0]["owned_by"], "gpulb-sim");
+    assert_eq!(page["object"], "list");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_disappears_from_a_backend_stops_going_there() {
+    let workers = two_model_fleet().await;
+    let proxy = Proxy::start(discovering(&workers)).await;
+    lists_known(&proxy).await;
+    workers[1].set_models(vec!["mistral".into()]);
+    proxy
+        .wait_status("w1 to list mistral", |s| {
+            (s["backends"][1]["models"]["models"][0]["id"] == "mistral").then_some(())
+        })
+        .await;
+    let llama = served_by(&proxy.send_n(6, &chat("llama")).await);
+    assert_eq!(llama, vec!["w0"; 6]);
+    assert_eq!(served_by(&[proxy.send(&chat("mistral")).await]), ["w1"]);
+    workers[0].set_models(Vec::new());
+    proxy
+        .wait_status("w0 to list nothing", |s| {
+            (s["backends"][0]["models"]["models"] == serde_json::json!([])).then_some(())
+        })
+        .await;
+    assert_eq!(proxy.send(&chat("llama")).await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_models_and_aliases_route_without_discovery() {
+    // Workers that take any model: only gpulb's config decides.
+    let workers = start_workers(2, |_| {}).await;
+    let config = Config::new()
+        .set("models", "{discover: false, aliases: {gpt-4o-mini: small}}")
+        .backend(Backend::of(&workers[0]).set("models", "[small]"))
+        .backend(Backend::of(&workers[1]).set("models", "[big, huge]"));
+    let proxy = Proxy::start(config).await;
+    let status = proxy.status().await;
+    assert_eq!(status["backends"][1]["models"]["source"], "config");
+    assert_eq!(
+        served_by(&proxy.send_n(4, &chat("big")).await),
+        vec!["w1"; 4]
+    );
+    assert_eq!(
+        served_by(&proxy.send_n(4, &chat("small")).await),
+        vec!["w0"; 4]
+    );
+    // The alias routes as its model; the body goes on untouched (the sim echoes the name).
+    let aliased = proxy.send(&chat("gpt-4o-mini")).await;
+    assert_eq!(served_by(std::slice::from_ref(&aliased)), ["w0"]);
+    assert_eq!(aliased.json()["model"], "gpt-4o-mini");
+    assert_eq!(proxy.send(&chat("medium")).await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_are_chosen_from_the_body_alone() {
+    let workers = start_workers(2, |_| {}).await;
+    let config = Config::fleet(&workers)
+        .set("models", "{discover: false}")
+        .pool(Pool::new("fast", &["w0"]))
+        .pool(Pool::new("batch", &["w1"]))
+        .class(
+            Class::new("interactive", "fast")
+                .matching("stream", true)
+                .matching("max_tokens", "{max: 100}"),
+        )
+        .class(Class::new("bulk", "batch"))
+        .default_class("bulk");
+    let proxy = Proxy::start(config).await;
+    let streamed = proxy.send(&Req::chat_stream(8)).await;
+    assert_eq!(served_by(&[streamed]), ["w0"]);
+    assert_eq!(served_by(&[proxy.send(&Req::completion(8)).await]), ["w1"]);
+    let long_stream = Req::post(
+        "/v1/chat/completions",
+        r#"{"model":"m","stream":true,"max_tokens":500,"messages":[]}"#,
+    );
+    assert_eq!(served_by(&[proxy.send(&long_stream).await]), ["w1"]);
+    // A rule needs the body and this one is not JSON: 400 from gpulb, naming the problem.
+    let bad = proxy
+        .send(&Req::post("/v1/chat/completions", "{\"model\": oops"))
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["code"], "invalid_body");
+    assert!(bad.body.contains("not a JSON object"), "{}", bad.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_forwarded_byte_for_byte_and_limits_hold() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers)
+        .set("request_body", "{paths: [/echo], max_bytes: 300000}")
+        .set("models", "{discover: false}");
+    let proxy = Proxy::start(config).await;
+    // Small, over pingora's 64 KiB retry buffer, and not JSON at all: each arrives as sent.
+    let big = format!(
+        r#"{{"model":"m","prompt":"{}","n":1}}"#,
+        "ab\u{e9}c".repeat(50_000)
+    );
+    for body in [
+        r#"{"model": "m",  "stream":false}"#.to_string(),
+        big,
+        "not json".into(),
+    ] {
+        let echoed = proxy.send(&Req::post("/echo", body.clone())).await;
+        assert_eq!(echoed.status, 200);
+        let json = echoed.json();
+        assert_eq!(json["body_len"], body.len());
+        assert!(json["body"] == body.as_str(), "body changed on the way");
+    }
+    // A chunked body.
+    let parts: Vec<Result<&'static str, std::io::Error>> =
+        vec![Ok("{\"model\":"), Ok("\"m\",\"x\":"), Ok("[1,2]}")];
+    let resp = reqwest::Client::new()
+        .post(format!("{}/echo", proxy.url))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            parts,
+        )))
+        .send()
+        .await
+        .unwrap();
+    let json: Value = resp.json().await.unwrap();
+    assert_eq!(json["body"], "{\"model\":\"m\",\"x\":[1,2]}");
+    assert_eq!(json["headers"]["transfer-encoding"], "chunked");
+    // Over the limit: 413 in OpenAI's shape, and nothing reaches the worker.
+    let huge = Req::post("/echo", "x".repeat(300_001));
+    let refused = proxy.send(&huge).await;
+    assert_eq!(refused.status, 413);
+    assert_eq!(refused.worker, "");
+    assert_eq!(refused.json()["error"]["code"], "body_too_large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_may_be_forwarded_unread() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers).set(
+        "request_body",
+        "{paths: [/echo], max_bytes: 10, over_limit: forward}",
+    );
+    let proxy = Proxy::start(config).await;
+    let body = "y".repeat(100_000);
+    let echoed = proxy.send(&Req::post("/echo", body.clone())).await;
+    assert_eq!(echoed.status, 200);
+    assert_eq!(echoed.json()["body_len"], body.len());
+}
