@@ -13,6 +13,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{filter, Layer};
 
 pub use crate::config::AccessLogFormat;
+use crate::request::BodyFacts;
 
 /// The `tracing` target of access-log events.
 pub const TARGET: &str = "gpulb::access";
@@ -49,6 +50,10 @@ pub struct AccessRecord<'a> {
     pub attempts: u32,
     /// Why it was shed or failed (`queue_full`, `connect_failed`, ...), when it was.
     pub reason: Option<&'a str>,
+    /// The model asked for (after aliases), when the body was read and named one.
+    pub model: Option<&'a str>,
+    /// What the body said, when it was read: estimated prompt tokens, `max_tokens`, `stream`.
+    pub body: Option<&'a BodyFacts>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -85,6 +90,10 @@ pub fn log(r: &AccessRecord) {
         bytes_sent = r.bytes_sent,
         attempts = r.attempts,
         reason = r.reason,
+        model = r.model,
+        prompt_tokens = r.body.map(|b| b.prompt_tokens),
+        max_tokens = r.body.and_then(|b| b.max_tokens),
+        stream = r.body.map(|b| b.stream),
         "access"
     );
 }
@@ -180,8 +189,18 @@ mod tests {
             bytes_sent: 512,
             attempts: 1,
             reason: None,
+            model: Some("llama-3.1-8b"),
+            body: Some(&FACTS),
         }
     }
+
+    static FACTS: BodyFacts = BodyFacts {
+        model: None,
+        stream: true,
+        max_tokens: Some(64),
+        n: 1,
+        prompt_tokens: 300,
+    };
 
     #[test]
     fn json_lines_carry_every_field_and_no_query() {
@@ -199,6 +218,11 @@ mod tests {
         assert_eq!(v["queue_wait_ms"], 1.5);
         assert_eq!(v["duration_ms"], 1234.0);
         assert_eq!(v["bytes_sent"], 512);
+        assert_eq!(v["model"], "llama-3.1-8b");
+        assert_eq!(
+            (&v["prompt_tokens"], &v["max_tokens"], &v["stream"]),
+            (&300.into(), &64.into(), &true.into())
+        );
         assert!(!out.contains("secret"));
     }
 

@@ -60,6 +60,28 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
     let qwen = served_by(&proxy.send_n(8, &chat("qwen")).await);
     assert!(qwen.iter().all(|w| w == "w2" || w == "w3"), "{qwen:?}");
 
+    // Per-model counts, and the prompt estimate beside what the backends reported.
+    let metrics = proxy.metrics().await;
+    let value = |series: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(series));
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+    };
+    assert_eq!(
+        value("gpulb_model_requests_total{class=\"default\",model=\"llama\"}"),
+        8.0
+    );
+    assert_eq!(
+        value("gpulb_model_requests_total{class=\"default\",model=\"qwen\"}"),
+        8.0
+    );
+    assert_eq!(
+        value("gpulb_tokens_total{class=\"default\",kind=\"completion_reported\"}"),
+        32.0
+    );
+    assert!(value("gpulb_tokens_total{class=\"default\",kind=\"prompt_estimated\"}") >= 16.0);
+    assert!(value("gpulb_tokens_total{class=\"default\",kind=\"prompt_reported\"}") >= 16.0);
+
     let missing = proxy.send(&chat("gpt-5")).await;
     assert_eq!(missing.status, 404, "{}", missing.body);
     assert_eq!(missing.worker, "", "answered by gpulb");

@@ -52,6 +52,8 @@ pub struct RequestCtx {
     pub(crate) model: Option<String>,
     /// Which backends its model allows.
     pub(crate) route: ModelRoute,
+    /// The end of the response body, kept for a read body to find the backend's `usage` in.
+    pub(crate) tail: Option<bytes::BytesMut>,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
 }

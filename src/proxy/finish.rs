@@ -3,6 +3,7 @@
 use super::ctx::RequestCtx;
 use crate::access_log::{self, AccessRecord};
 use crate::error::ProxyError;
+use crate::request;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use std::time::Instant;
@@ -48,6 +49,10 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
         .map(|b| b.state.name.as_str());
     if let Some(class) = &ctx.class_metrics {
         class.request_finished(backend, status, duration, ttfb);
+        if let Some(facts) = &ctx.facts {
+            let usage = ctx.tail.as_deref().and_then(request::usage_in);
+            class.body_finished(ctx.model.as_deref(), facts.prompt_tokens, usage);
+        }
     }
     if ctx.failure.is_none() && e.is_none() && (200..300).contains(&status) {
         record_service_time(session, ctx, now);
@@ -80,5 +85,7 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
         bytes_sent: session.body_bytes_sent() as u64,
         attempts: ctx.attempts,
         reason,
+        model: ctx.model.as_deref(),
+        body: ctx.facts.as_ref(),
     });
 }

@@ -46,6 +46,17 @@ impl Gpulb {
     }
 }
 
+/// Keeps the last [`request::USAGE_TAIL`] bytes of a response body in `tail`.
+fn keep_tail(tail: &mut bytes::BytesMut, chunk: &[u8]) {
+    let limit = crate::request::USAGE_TAIL;
+    let chunk = &chunk[chunk.len().saturating_sub(limit)..];
+    let excess = (tail.len() + chunk.len()).saturating_sub(limit);
+    if excess > 0 {
+        let _ = tail.split_to(excess.min(tail.len()));
+    }
+    tail.extend_from_slice(chunk);
+}
+
 /// For `GET /v1/models`, the models the fleet serves now, when any backend's list is known (else
 /// the request goes to a backend like any other).
 fn models_asked(session: &Session, snapshot: &Snapshot) -> Option<Vec<ModelInfo>> {
@@ -279,6 +290,9 @@ impl ProxyHttp for Gpulb {
     ) -> Result<Option<std::time::Duration>> {
         if ctx.first_body_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_body_byte = Some(Instant::now());
+        }
+        if let (Some(_), Some(chunk)) = (&ctx.facts, body.as_ref()) {
+            keep_tail(ctx.tail.get_or_insert_with(Default::default), chunk);
         }
         Ok(None)
     }
