@@ -84,6 +84,27 @@ pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
     })
 }
 
+/// The body with its top-level `model` value replaced by `model`; every other byte as it was.
+/// `None` when the body is not a JSON object with a `model`.
+pub fn with_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    use serde_json::value::RawValue;
+    let fields: std::collections::HashMap<Cow<'_, str>, &RawValue> =
+        serde_json::from_slice(body).ok()?;
+    let value = fields.get("model")?.get().as_bytes();
+    // The raw value borrows from `body`: its place there is its pointer's offset.
+    let start = (value.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + value.len();
+    if end > body.len() {
+        return None;
+    }
+    let replacement = serde_json::to_vec(model).ok()?;
+    let mut out = Vec::with_capacity(body.len() + replacement.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(&replacement);
+    out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
 /// Token counts a backend reported in its answer's `usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
@@ -223,6 +244,20 @@ mod tests {
     fn nulls_count_as_absent() {
         let f = parse(br#"{"model":null,"stream":null,"max_tokens":null,"prompt":null}"#);
         assert_eq!(f.unwrap().model, None);
+    }
+
+    #[test]
+    fn a_model_is_rewritten_in_place_and_nothing_else_moves() {
+        let body = br#"{ "messages": [{"content": "model"}], "model" :  "gpt-4o-mini" , "n":1}"#;
+        let out = with_model(body, "llama-3.1-8b").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{ "messages": [{"content": "model"}], "model" :  "llama-3.1-8b" , "n":1}"#
+        );
+        assert_eq!(with_model(br#"{"n":1}"#, "x"), None);
+        assert_eq!(with_model(b"nope", "x"), None);
+        let quoted = with_model(br#"{"model":"a"}"#, "b\"c").unwrap();
+        assert_eq!(quoted, br#"{"model":"b\"c"}"#);
     }
 
     #[test]

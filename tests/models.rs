@@ -247,3 +247,31 @@ async fn an_oversized_body_may_be_forwarded_unread() {
     assert_eq!(echoed.status, 200);
     assert_eq!(echoed.json()["body_len"], body.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alias_is_rewritten_to_its_model_when_asked() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::new()
+        .set("request_body", "{paths: [/echo]}")
+        .set(
+            "models",
+            "{discover: false, aliases: {short: a-much-longer-model-name}, rewrite_aliases: true}",
+        )
+        .backend(Backend::of(&workers[0]).set("models", "[a-much-longer-model-name]"));
+    let proxy = Proxy::start(config).await;
+    let sent = r#"{"model": "short", "prompt": "model: short"}"#;
+    let echoed = proxy.send(&Req::post("/echo", sent)).await.json();
+    let expected = r#"{"model": "a-much-longer-model-name", "prompt": "model: short"}"#;
+    assert_eq!(echoed["body"], expected);
+    assert_eq!(echoed["body_len"], expected.len());
+    assert_eq!(
+        echoed["headers"]["content-length"],
+        expected.len().to_string()
+    );
+    // A name that is no alias goes on untouched.
+    let plain = r#"{"model":"a-much-longer-model-name"}"#;
+    assert_eq!(
+        proxy.send(&Req::post("/echo", plain)).await.json()["body"],
+        plain
+    );
+}

@@ -58,9 +58,13 @@ pub struct ModelsConfig {
     #[serde(default = "defaults::discover_timeout", with = "duration")]
     pub timeout: Duration,
     /// Other names for served models (`gpt-4o-mini: llama-3.1-8b`): a request naming the alias
-    /// is routed as the model; its body is forwarded untouched.
+    /// is routed as the model; its body is forwarded untouched unless `rewrite_aliases`.
     #[serde(default)]
     pub aliases: BTreeMap<String, String>,
+    /// Replace an alias in the forwarded body's `model` with the model it names (only that
+    /// value changes), for servers that know the model by its own name only.
+    #[serde(default)]
+    pub rewrite_aliases: bool,
 }
 
 impl Default for ModelsConfig {
@@ -70,6 +74,7 @@ impl Default for ModelsConfig {
             interval: defaults::discover_interval(),
             timeout: defaults::discover_timeout(),
             aliases: BTreeMap::new(),
+            rewrite_aliases: false,
         }
     }
 }

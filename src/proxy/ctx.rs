@@ -46,6 +46,8 @@ pub struct RequestCtx {
     pub(crate) backend: Option<usize>,
     /// The request body, when gpulb read it (replayed to every attempt).
     pub(crate) held_body: Option<bytes::Bytes>,
+    /// The held body is not the one received (an alias rewritten to its model).
+    pub(crate) body_rewritten: bool,
     /// What the body says, when it was read and is a JSON request.
     pub(crate) facts: Option<BodyFacts>,
     /// The model asked for, after aliases.

@@ -9,6 +9,19 @@ use crate::routing::Snapshot;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
+/// Replaces the held body's `model` with `model` (an alias's target); the upstream request's
+/// `Content-Length` follows in `upstream_request_filter`.
+fn rewrite_model(ctx: &mut RequestCtx, model: &str) {
+    let rewritten = ctx
+        .held_body
+        .as_deref()
+        .and_then(|body| crate::request::with_model(body, model));
+    if let Some(body) = rewritten {
+        ctx.held_body = Some(body.into());
+        ctx.body_rewritten = true;
+    }
+}
+
 /// Fills `ctx` with the request's body, facts, class and model route; the error to answer
 /// when the body or the model is refused. `Err` is a failure of the client connection.
 pub async fn intake(
@@ -24,14 +37,12 @@ pub async fn intake(
             ctx.held_body = Some(bytes);
             match facts {
                 Ok(facts) => {
-                    ctx.model = facts.model.as_deref().map(|m| {
-                        config
-                            .models
-                            .aliases
-                            .get(m)
-                            .map_or(m, String::as_str)
-                            .to_string()
-                    });
+                    let asked = facts.model.as_deref();
+                    let alias = asked.and_then(|m| config.models.aliases.get(m));
+                    ctx.model = alias.map(String::as_str).or(asked).map(str::to_string);
+                    if let (Some(model), true) = (alias, config.models.rewrite_aliases) {
+                        rewrite_model(ctx, model);
+                    }
                     ctx.facts = Some(facts);
                     (None, None)
                 }

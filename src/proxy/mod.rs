@@ -182,8 +182,16 @@ impl ProxyHttp for Gpulb {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (true, Some(body)) = (ctx.body_rewritten, &ctx.held_body) {
+            if upstream_request
+                .headers
+                .contains_key(http::header::CONTENT_LENGTH)
+            {
+                upstream_request.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+            }
+        }
         for name in headers::hop_by_hop(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }

@@ -46,7 +46,17 @@ pub fn demo_profile(i: usize) -> WorkerProfile {
     profile
 }
 
-/// The demo's config: one pool of every worker, interactive chat and bulk completions classes.
+/// The models the demo fleet serves: the first two GPUs of every four serve the first, the
+/// other two the second, so each model has one uneven GPU.
+pub const DEMO_MODELS: [&str; 2] = ["llama-3.1-8b", "qwen2.5-32b"];
+
+/// The model demo worker `i` serves.
+pub fn demo_model(i: usize) -> &'static str {
+    DEMO_MODELS[(i % 4) / 2]
+}
+
+/// The demo's config: one pool of every worker, interactive chat and bulk completions classes,
+/// models discovered from the workers, and an OpenAI name as an alias.
 pub fn demo_config(
     worker_urls: &[String],
     listen: SocketAddr,
@@ -77,7 +87,9 @@ pub fn demo_config(
          queue: {{max_depth: 256, max_wait: 5s}}\n    fairness: {{policy: equal_share}}\n  \
          - name: bulk\n    pool: fleet\n    backend_share: 0.75\n    placement: earliest_finish\n    \
          queue: {{max_depth: 1024, max_wait: 1m}}\n    fairness: {{policy: equal_share}}\n\
-         default_class: bulk\n"
+         default_class: bulk\n\
+         models: {{interval: 2s, aliases: {{gpt-4o-mini: {}}}, rewrite_aliases: true}}\n",
+        DEMO_MODELS[0]
     );
     Config::from_yaml(&yaml)
 }
@@ -99,7 +111,8 @@ fn start_fleet(workers: usize) -> Result<Vec<String>, DemoError> {
             runtime.block_on(async move {
                 let mut fleet = Vec::new();
                 for i in 0..workers {
-                    match SimWorker::bind_loopback(demo_profile(i)).await {
+                    let profile = demo_profile(i).serving(&[demo_model(i)]);
+                    match SimWorker::bind_loopback(profile).await {
                         Ok(w) => fleet.push(w),
                         Err(e) => return drop(tx.send(Err(e.to_string()))),
                     }
@@ -129,7 +142,7 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
             2 => " (half KV-cache)",
             _ => "",
         };
-        println!("  gpu{i}: {url}{note}");
+        println!("  gpu{i}: {url} serves {}{note}", demo_model(i));
     }
     println!("  proxy:  http://{}", options.listen);
     println!("  dashboard: http://{}/dashboard", options.admin);
@@ -140,8 +153,12 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
     println!("try:");
     println!(
         "  curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \\\n    \
-         -d '{{\"model\":\"sim\",\"stream\":true,\"max_tokens\":8,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'",
-        options.listen
+         -d '{{\"model\":\"{}\",\"stream\":true,\"max_tokens\":8,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'",
+        options.listen, DEMO_MODELS[1]
+    );
+    println!(
+        "  curl http://{}/v1/models    (gpt-4o-mini is an alias of {})",
+        options.listen, DEMO_MODELS[0]
     );
     println!("Ctrl-C stops it.");
     server::run(config, server::Source::Builtin, None)?;
@@ -168,5 +185,16 @@ mod tests {
         assert_eq!(config.backends[0].telemetry.len(), 2);
         assert!(demo_profile(1).decode_step > demo_profile(0).decode_step);
         assert!(demo_profile(2).kv_budget_tokens < demo_profile(0).kv_budget_tokens);
+        let models: Vec<&str> = (0..4).map(demo_model).collect();
+        assert_eq!(
+            models,
+            [
+                DEMO_MODELS[0],
+                DEMO_MODELS[0],
+                DEMO_MODELS[1],
+                DEMO_MODELS[1]
+            ]
+        );
+        assert_eq!(config.models.aliases["gpt-4o-mini"], DEMO_MODELS[0]);
     }
 }

@@ -52,6 +52,8 @@ pub struct BackendPoint {
     pub eligible: bool,
     /// The model server's own load figures, as it reports them.
     pub server: Option<ServerLoad>,
+    /// The models it serves, when known.
+    pub models: Vec<String>,
     /// Age of its telemetry, seconds; `None` when it has none.
     pub telemetry_age_s: Option<f64>,
     /// Whether that telemetry is older than `telemetry.stale_after`; `None` when it has none.
@@ -103,6 +105,11 @@ fn backend_point(b: &BackendView) -> BackendPoint {
         state: b.state_label(),
         eligible: b.eligible,
         server: b.telemetry.server.clone(),
+        models: b
+            .models
+            .iter()
+            .flat_map(|l| l.models.iter().map(|m| m.id.clone()))
+            .collect(),
         telemetry_age_s: b.telemetry.age_seconds,
         telemetry_stale: b.telemetry.stale,
     }
