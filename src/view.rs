@@ -41,6 +41,8 @@ pub struct BackendView {
     pub max_outstanding: u32,
     /// Requests this proxy has in flight on it now.
     pub outstanding: u32,
+    /// Estimated tokens (prompt + max_tokens) of those requests, where their bodies were read.
+    pub outstanding_tokens: u64,
     /// Attempts ever sent.
     pub attempts_total: u64,
     /// Active check status.
@@ -177,6 +179,7 @@ fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -
         weight: b.weight,
         max_outstanding: b.max_outstanding,
         outstanding: b.state.outstanding.get(),
+        outstanding_tokens: b.state.outstanding_tokens.load(Ordering::Relaxed),
         attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
         health: health.status(),
         unresolved: b.state.address.unresolved(),

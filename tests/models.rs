@@ -275,3 +275,37 @@ async fn an_alias_is_rewritten_to_its_model_when_asked() {
         plain
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_job_goes_where_the_kv_cache_has_room_for_it() {
+    // w1 holds 2,000 tokens of KV-cache; w0 fifty times that. Both say so in their /metrics.
+    let workers = start_workers(2, |p| {
+        p.kv_budget_tokens = if p.name == "w1" { 2_000 } else { 100_000 };
+    })
+    .await;
+    let config = Config::telemetry_fleet(&workers).set("models", "{discover: false}");
+    let proxy = Proxy::start(config).await;
+    proxy
+        .wait_status("both KV capacities known", |s| {
+            let backends = s["backends"].as_array()?;
+            backends
+                .iter()
+                .all(|b| b["telemetry"]["server"]["kv_capacity_tokens"].is_number())
+                .then_some(())
+        })
+        .await;
+    // 10,000 characters of prompt (about 2,500 tokens) does not fit w1's cache.
+    let long = Req::post(
+        "/v1/completions",
+        format!(
+            r#"{{"model":"m","prompt":"{}","max_tokens":2}}"#,
+            "x".repeat(10_000)
+        ),
+    );
+    assert_eq!(served_by(&proxy.send_n(6, &long).await), vec!["w0"; 6]);
+    // Short ones still use both.
+    let mut short = served_by(&proxy.send_n(12, &chat("m")).await);
+    short.sort();
+    short.dedup();
+    assert_eq!(short, ["w0", "w1"]);
+}

@@ -36,6 +36,8 @@ live_collectors! {
     class_outstanding: IntGaugeVec = "gpulb_class_outstanding", "Requests of the class in flight now.", ["class"];
     service_seconds: GaugeVec = "gpulb_service_seconds", "Expected time a request of the class (of its mean response size) holds a slot on the backend, as measured for speed-aware placement.", ["class", "backend"];
     outstanding: IntGaugeVec = "gpulb_backend_outstanding", "Requests this proxy has in flight on the backend.", ["backend"];
+    outstanding_tokens: IntGaugeVec = "gpulb_backend_outstanding_tokens", "Estimated tokens (prompt + max_tokens) of the requests this proxy has in flight on the backend, where their bodies were read.", ["backend"];
+    kv_capacity: GaugeVec = "gpulb_backend_kv_cache_capacity_tokens", "The model server's KV-cache capacity in tokens, as it states it (vLLM cache_config_info).", ["backend"];
     healthy: IntGaugeVec = "gpulb_backend_healthy", "1 when the backend's active checks pass (or checks are off), else 0.", ["backend"];
     eligible: IntGaugeVec = "gpulb_backend_eligible", "1 when new requests may go to the backend (healthy, not ejected, its name resolved).", ["backend"];
     ejected: IntGaugeVec = "gpulb_backend_ejected", "1 while the backend is out on a passive (outlier) ejection.", ["backend"];
@@ -90,6 +92,9 @@ impl Live {
             self.outstanding
                 .with_label_values(&name)
                 .set(i64::from(b.outstanding));
+            self.outstanding_tokens
+                .with_label_values(&name)
+                .set(i64::try_from(b.outstanding_tokens).unwrap_or(i64::MAX));
             self.healthy.with_label_values(&name).set(flag(b.healthy()));
             self.eligible.with_label_values(&name).set(flag(b.eligible));
             self.ejected.with_label_values(&name).set(flag(b.ejected));
@@ -126,6 +131,7 @@ impl Live {
                 set_known(&self.running, &name, load.running);
                 set_known(&self.waiting, &name, load.waiting);
                 set_known(&self.kv_cache, &name, load.kv_cache_usage);
+                set_known(&self.kv_capacity, &name, load.kv_capacity_tokens);
             }
         }
         let none: &[&str] = &[];

@@ -193,6 +193,9 @@ pub enum PlacementKind {
     /// request is held for a faster backend when the faster ones are expected to free a slot
     /// for it sooner than the slower one would finish it.
     EarliestFinish,
+    /// The least estimated work in tokens (prompt + max_tokens of what is in flight, or the
+    /// KV-cache its server reports in use), relative to weight and measured speed.
+    LeastWork,
 }
 
 /// Match rules of a class; every rule given must hold.

@@ -19,9 +19,9 @@ pub async fn admit(
 ) -> Result<Option<ProxyError>> {
     let index = ctx.class;
     let class = &snapshot.classes[index];
-    let route = ctx.route.clone();
-    let queue = class.state.queues.get(&route);
-    let waiting = queue.admit(&ctx.tenant, &class.policy, || snapshot.grant(index, &route));
+    let demand = &ctx.demand;
+    let queue = class.state.queues.get(&demand.route);
+    let waiting = queue.admit(&ctx.tenant, &class.policy, || snapshot.grant(index, demand));
     // `biased`: a request admitted at once never starts the client watch.
     let outcome = tokio::select! {
         biased;
@@ -35,7 +35,10 @@ pub async fn admit(
     match outcome {
         Ok(admitted) => {
             ctx.class_slot = Some(admitted.lease.class_slot);
-            ctx.lease = Some(admitted.lease.lease);
+            let mut lease = admitted.lease.lease;
+            // A slot taken while queued was sized for the class's usual request.
+            lease.set_tokens(ctx.demand.tokens);
+            ctx.lease = Some(lease);
             ctx.tenant_slot = Some(admitted.tenant_slot);
             ctx.queued_for = admitted.queued_for;
             Ok(None)

@@ -5,7 +5,7 @@ use crate::error::ProxyError;
 use crate::metrics::ClassMetrics;
 use crate::request::BodyFacts;
 use crate::routing::Snapshot;
-use crate::routing::{Lease, ModelRoute, Slot};
+use crate::routing::{Demand, Lease, Slot};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,8 +52,8 @@ pub struct RequestCtx {
     pub(crate) facts: Option<BodyFacts>,
     /// The model asked for, after aliases.
     pub(crate) model: Option<String>,
-    /// Which backends its model allows.
-    pub(crate) route: ModelRoute,
+    /// Which backends its model allows, and its estimated size.
+    pub(crate) demand: Demand,
     /// The end of the response body, kept for a read body to find the backend's `usage` in.
     pub(crate) tail: Option<bytes::BytesMut>,
     /// Metric handles of the request's class.

@@ -4,8 +4,9 @@
 use super::body::{self, Body};
 use super::ctx::RequestCtx;
 use crate::error::ProxyError;
+use crate::request::BodyFacts;
 use crate::routing::classify::{BodyView, Envelope};
-use crate::routing::Snapshot;
+use crate::routing::{Demand, Snapshot};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -84,7 +85,11 @@ pub async fn intake(
     }
     match snapshot.model_route(ctx.class, ctx.model.as_deref()) {
         Ok(route) => {
-            ctx.route = route;
+            let tokens = ctx.facts.as_ref().map_or(0, BodyFacts::estimated_tokens);
+            if tokens > 0 {
+                snapshot.classes[ctx.class].state.note_tokens(tokens);
+            }
+            ctx.demand = Demand { route, tokens };
             Ok(None)
         }
         Err(served) => Ok(Some(ProxyError::ModelNotFound {

@@ -131,7 +131,7 @@ impl ProxyHttp for Gpulb {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "request has no snapshot"))?;
         if ctx.lease.is_none() {
             // A retry: the failed attempt's lease was released in `fail_to_connect`.
-            ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.route, &ctx.failed);
+            ctx.lease = snapshot.acquire_for_class(ctx.class, &ctx.demand, &ctx.failed);
             ctx.outcome_reported = false;
         }
         let Some(lease) = &ctx.lease else {

@@ -23,6 +23,11 @@ pub struct Candidate {
     /// Measured service time relative to the pool's fastest backend, in thousandths:
     /// [`REFERENCE_SPEED`] is as fast as the fastest, twice that takes twice as long.
     pub slowness_milli: u32,
+    /// Estimated tokens of work on it: what its model server reports of its KV-cache in use,
+    /// or the estimated tokens this proxy has in flight there, whichever is more.
+    pub work_tokens: u64,
+    /// KV-cache tokens still free, when the server states its capacity.
+    pub kv_free_tokens: Option<u64>,
 }
 
 /// `slowness_milli` of the fastest backend, and of any backend not measured.
@@ -62,6 +67,23 @@ fn speed_tier(c: &Candidate) -> u32 {
 /// no backend becomes the default target when the pool is idle.
 pub fn pick<R: Rng + ?Sized>(candidates: &[Candidate], rng: &mut R) -> Option<usize> {
     pick_by(candidates, rng, lighter)
+}
+
+/// Picks the available candidate with the least estimated work after adding `tokens`, relative
+/// to weight and speed: `(work + tokens) * slowness / weight`; requests break ties.
+pub fn pick_least_work<R: Rng + ?Sized>(
+    candidates: &[Candidate],
+    tokens: u64,
+    rng: &mut R,
+) -> Option<usize> {
+    let cost = |c: &Candidate, other: &Candidate| {
+        (u128::from(c.work_tokens) + u128::from(tokens))
+            * u128::from(other.weight.max(1))
+            * u128::from(c.slowness_milli.max(1))
+    };
+    pick_by(candidates, rng, |a, b| {
+        cost(a, b).cmp(&cost(b, a)).then_with(|| lighter(a, b))
+    })
 }
 
 /// Picks an available candidate of the fastest speed tier, the least loaded among those.
@@ -116,7 +138,33 @@ mod tests {
             max_outstanding: 100,
             eligible: true,
             slowness_milli: REFERENCE_SPEED,
+            work_tokens: 0,
+            kv_free_tokens: None,
         }
+    }
+
+    #[test]
+    fn least_work_counts_tokens_not_requests() {
+        let mut rng = StdRng::seed_from_u64(9);
+        // Three 4k-token jobs weigh more than three 50-token chats.
+        let mut long_jobs = cand(3, 1);
+        long_jobs.work_tokens = 12_000;
+        let mut chats = cand(3, 1);
+        chats.work_tokens = 150;
+        assert_eq!(pick_least_work(&[long_jobs, chats], 100, &mut rng), Some(1));
+        // Twice the weight carries twice the work; speed divides it.
+        let mut big = cand(0, 2);
+        big.work_tokens = 700;
+        let mut small = cand(0, 1);
+        small.work_tokens = 400;
+        assert_eq!(pick_least_work(&[big, small], 100, &mut rng), Some(0));
+        big.slowness_milli = 2 * REFERENCE_SPEED;
+        assert_eq!(pick_least_work(&[big, small], 100, &mut rng), Some(1));
+        // No estimates at all: least outstanding requests decides.
+        assert_eq!(
+            pick_least_work(&[cand(2, 1), cand(1, 1)], 0, &mut rng),
+            Some(1)
+        );
     }
 
     #[test]

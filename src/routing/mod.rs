@@ -19,6 +19,7 @@ mod state;
 
 pub use models::{ModelInfo, ModelList, ModelRoute, ModelSource};
 pub use queues::ClassQueues;
+pub use select::Demand;
 pub use snapshot::{Backend, Class, Pool, Registry, Snapshot};
 pub use state::{BackendState, ClassState, Grant, InflightCounter, Lease, Slot};
 

@@ -29,11 +29,20 @@ impl Snapshot {
         let fresh = telemetry
             .as_deref()
             .filter(|t| is_fresh(t, self.config.telemetry.stale_after, now));
-        let reported = fresh
-            .and_then(|t| t.reading.server.as_ref())
+        let server = fresh.and_then(|t| t.reading.server.as_ref());
+        let reported = server
             .map(|s| s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0))
             .unwrap_or(0.0);
+        let ours = b.state.outstanding_tokens.load(Ordering::Relaxed);
+        let capacity = server.and_then(|s| s.kv_capacity_tokens.filter(|c| *c > 0.0));
+        // The KV the server reports in use, or what this proxy alone has sent, if more.
+        let kv_used = capacity
+            .zip(server.and_then(|s| s.kv_cache_usage))
+            .map_or(0, |(c, u)| (c * u.clamp(0.0, 1.0)) as u64)
+            .max(ours);
         Candidate {
+            work_tokens: kv_used,
+            kv_free_tokens: capacity.map(|c| (c as u64).saturating_sub(kv_used)),
             outstanding,
             // Our own requests are part of what the server reports: take the larger, not the sum.
             load: outstanding.max(reported.clamp(0.0, f64::from(u32::MAX / 2)) as u32),
@@ -61,11 +70,12 @@ impl Snapshot {
             .iter()
             .map(|&i| {
                 let mut c = self.candidate(i, guards, class.backend_share, now_ms, now);
-                c.eligible &=
-                    !ask.excluded.contains(&i) && self.backends[i].state.models.admits(ask.route);
+                c.eligible &= !ask.excluded.contains(&i)
+                    && self.backends[i].state.models.admits(&ask.demand.route);
                 c
             })
             .collect();
+        keep_to_kv_room(&mut candidates, ask.demand.tokens);
         let placement = &class.placement;
         let speeds = placement
             .uses_speeds()
@@ -73,14 +83,13 @@ impl Snapshot {
         let mut choice = Choice {
             candidates: &mut candidates,
             speeds: speeds.as_ref(),
+            tokens: ask.demand.tokens,
         };
         placement.rank(&mut choice);
         let mut rng = rand::rng();
         // Each failed acquire (another request took the last slot) removes one candidate.
         for _ in 0..choice.candidates.len() {
-            let chosen = placement
-                .pick(choice.candidates, &mut rng)
-                .ok_or(Miss::Full)?;
+            let chosen = placement.pick(&choice, &mut rng).ok_or(Miss::Full)?;
             if ask.may_hold {
                 let queued = class.state.queues.depth().max(1);
                 if placement.may_hold(chosen, &choice, queued) {
@@ -94,7 +103,13 @@ impl Snapshot {
                 .try_acquire(choice.candidates[chosen].max_outstanding)
             {
                 backend.state.attempts_total.fetch_add(1, Ordering::Relaxed);
-                return Ok(Lease::new(members[chosen], slot));
+                let counter = &backend.state.outstanding_tokens;
+                return Ok(Lease::new(
+                    members[chosen],
+                    slot,
+                    counter,
+                    ask.demand.tokens,
+                ));
             }
             choice.candidates[chosen].eligible = false;
         }
@@ -133,29 +148,29 @@ impl Snapshot {
         }
     }
 
-    /// A backend slot for another attempt of a request of class `class` routed as `route`,
-    /// skipping the backends in `excluded` (never held: the request is already admitted).
+    /// A backend slot for another attempt of a request of class `class` that asks for
+    /// `demand`, skipping the backends in `excluded` (never held: the request is admitted).
     pub fn acquire_for_class(
         &self,
         class: usize,
-        route: &ModelRoute,
+        demand: &Demand,
         excluded: &[usize],
     ) -> Option<Lease> {
         let ask = Ask {
-            route,
+            demand,
             excluded,
             may_hold: false,
         };
         self.acquire_in_pools(class, &ask).ok()
     }
 
-    /// Admission's unit: a class slot and a backend lease (on a backend that `route` admits),
+    /// Admission's unit: a class slot and a backend lease (on a backend `demand` allows),
     /// taken together or not at all.
-    pub fn grant(&self, class: usize, route: &ModelRoute) -> Option<Grant> {
+    pub fn grant(&self, class: usize, demand: &Demand) -> Option<Grant> {
         let c = self.classes.get(class)?;
         let class_slot = c.state.outstanding.try_acquire(c.max_outstanding)?;
         let ask = Ask {
-            route,
+            demand,
             excluded: &[],
             may_hold: true,
         };
@@ -172,7 +187,10 @@ impl Snapshot {
     pub fn dispatch_all(&self) {
         for (index, class) in self.classes.iter().enumerate() {
             for (route, queue) in class.state.queues.waiting() {
-                queue.dispatch(&class.policy, || self.grant(index, &route));
+                // The slot goes to whoever is next: sized as the class's requests usually are.
+                let tokens = class.state.mean_tokens.load(Ordering::Relaxed);
+                let demand = Demand { route, tokens };
+                queue.dispatch(&class.policy, || self.grant(index, &demand));
             }
         }
     }
@@ -222,10 +240,32 @@ impl Snapshot {
     }
 }
 
+/// What one request needs of a backend: its model, and its estimated size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Which backends its model allows.
+    pub route: ModelRoute,
+    /// Its estimated tokens (prompt + max_tokens); 0 when unknown.
+    pub tokens: u64,
+}
+
+/// Keeps a request of `tokens` estimated tokens off backends whose free KV-cache cannot hold it
+/// (it would push running work out there), when another available backend can; when none can,
+/// or no backend's KV capacity is known, nothing changes.
+fn keep_to_kv_room(candidates: &mut [Candidate], tokens: u64) {
+    let fits = |c: &Candidate| c.kv_free_tokens.is_none_or(|free| free >= tokens);
+    if tokens == 0 || !candidates.iter().any(|c| c.available() && fits(c)) {
+        return;
+    }
+    for c in candidates.iter_mut() {
+        c.eligible &= fits(c);
+    }
+}
+
 /// What one request asks of selection besides its class.
 struct Ask<'a> {
-    /// Which backends its model allows.
-    route: &'a ModelRoute,
+    /// Its model's backends and its size.
+    demand: &'a Demand,
     /// Backends already tried for it.
     excluded: &'a [usize],
     /// Whether the placement may keep it queued for a better backend.
@@ -248,5 +288,51 @@ fn share_of(max_outstanding: u32, share: Option<f64>) -> u32 {
             ((f64::from(max_outstanding) * share).ceil() as u32).clamp(1, max_outstanding)
         }
         _ => max_outstanding,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(kv_free_tokens: Option<u64>) -> Candidate {
+        Candidate {
+            outstanding: 0,
+            load: 0,
+            weight: 1,
+            max_outstanding: 8,
+            eligible: true,
+            slowness_milli: REFERENCE_SPEED,
+            work_tokens: 0,
+            kv_free_tokens,
+        }
+    }
+
+    fn eligible(candidates: &[Candidate]) -> Vec<bool> {
+        candidates.iter().map(|c| c.eligible).collect()
+    }
+
+    #[test]
+    fn a_long_job_stays_off_a_backend_whose_kv_cannot_hold_it() {
+        let mut pool = [cand(Some(500)), cand(Some(5_000)), cand(None)];
+        keep_to_kv_room(&mut pool, 2_000);
+        assert_eq!(
+            eligible(&pool),
+            [false, true, true],
+            "unknown capacity counts as room"
+        );
+        // Nowhere has room: it goes where it can rather than nowhere.
+        let mut tight = [cand(Some(500)), cand(Some(900))];
+        keep_to_kv_room(&mut tight, 2_000);
+        assert_eq!(eligible(&tight), [true, true]);
+        // A backend with room that is full does not count as room.
+        let mut full = [cand(Some(500)), cand(Some(5_000))];
+        full[1].outstanding = 8;
+        keep_to_kv_room(&mut full, 2_000);
+        assert_eq!(eligible(&full), [true, true]);
+        // Unknown size: nothing changes.
+        let mut unknown = [cand(Some(0)), cand(Some(5_000))];
+        keep_to_kv_room(&mut unknown, 0);
+        assert_eq!(eligible(&unknown), [true, true]);
     }
 }

@@ -103,6 +103,8 @@ pub struct BackendState {
     pub address: Address,
     /// The models it serves, when known.
     pub models: ServedModels,
+    /// Estimated tokens (prompt + max_tokens) of the requests this proxy has in flight on it.
+    pub outstanding_tokens: Arc<AtomicU64>,
 }
 
 /// A backend's address, or why its name has none (then it gets no traffic).
@@ -154,6 +156,7 @@ impl BackendState {
             telemetry_errors: Arc::new(AtomicU64::new(0)),
             address: Address::default(),
             models: ServedModels::default(),
+            outstanding_tokens: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -171,6 +174,9 @@ pub struct ClassState {
     pub queues: ClassQueues,
     /// How long its requests take on each backend.
     pub service_times: ServiceTimes,
+    /// Moving average of its requests' estimated tokens (0 before any body was read): the
+    /// size assumed for a queued request when a slot is taken for whoever is next.
+    pub mean_tokens: AtomicU64,
 }
 
 impl ClassState {
@@ -180,7 +186,23 @@ impl ClassState {
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             queues: ClassQueues::default(),
             service_times: ServiceTimes::default(),
+            mean_tokens: AtomicU64::new(0),
         }
+    }
+}
+
+impl ClassState {
+    /// Folds one request's estimated tokens into [`ClassState::mean_tokens`] (weight 1/8).
+    pub fn note_tokens(&self, tokens: u64) {
+        let _ = self
+            .mean_tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
+                Some(if mean == 0 {
+                    tokens
+                } else {
+                    mean - mean / 8 + tokens / 8
+                })
+            });
     }
 }
 
@@ -202,24 +224,53 @@ pub struct Grant {
     pub lease: Lease,
 }
 
-/// A backend slot held by one request attempt; dropping it releases the slot.
+/// A backend slot held by one request attempt, with the request's estimated tokens counted
+/// on the backend; dropping it releases both.
 #[derive(Debug)]
 pub struct Lease {
     /// Index of the backend in the snapshot the request runs under.
     pub backend: usize,
     /// When the slot was taken: the start of the request's service time on the backend.
     pub taken_at: Instant,
+    tokens: TokenHold,
     _slot: Slot,
 }
 
 impl Lease {
-    /// Wraps a slot taken on backend `backend` of a snapshot.
-    pub fn new(backend: usize, slot: Slot) -> Self {
+    /// Wraps a slot taken on backend `backend` of a snapshot, counting `tokens` in `counter`.
+    pub fn new(backend: usize, slot: Slot, counter: &Arc<AtomicU64>, tokens: u64) -> Self {
+        counter.fetch_add(tokens, Ordering::Relaxed);
         Lease {
             backend,
             taken_at: Instant::now(),
+            tokens: TokenHold {
+                counter: Arc::clone(counter),
+                tokens,
+            },
             _slot: slot,
         }
+    }
+
+    /// Counts `tokens` for this request instead of what the slot was taken with (a queued
+    /// request learns the real size of the one it was taken for).
+    pub fn set_tokens(&mut self, tokens: u64) {
+        let hold = &mut self.tokens;
+        hold.counter.fetch_add(tokens, Ordering::Relaxed);
+        hold.counter.fetch_sub(hold.tokens, Ordering::Relaxed);
+        hold.tokens = tokens;
+    }
+}
+
+/// Estimated tokens counted on a backend while a lease lives.
+#[derive(Debug)]
+struct TokenHold {
+    counter: Arc<AtomicU64>,
+    tokens: u64,
+}
+
+impl Drop for TokenHold {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 

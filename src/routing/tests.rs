@@ -68,9 +68,9 @@ fn classify_takes_first_match_then_default() {
 fn acquire_fills_backends_to_their_caps_then_refuses() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     let leases: Vec<Lease> = (0..3)
-        .map(|_| snap.acquire_for_class(0, &ModelRoute::Any, &[]).unwrap())
+        .map(|_| snap.acquire_for_class(0, &Demand::default(), &[]).unwrap())
         .collect();
-    assert!(snap.acquire_for_class(0, &ModelRoute::Any, &[]).is_none());
+    assert!(snap.acquire_for_class(0, &Demand::default(), &[]).is_none());
     assert_eq!(snap.backends[0].state.outstanding.get(), 2);
     assert_eq!(snap.backends[1].state.outstanding.get(), 1);
     drop(leases);
@@ -82,17 +82,19 @@ fn acquire_fills_backends_to_their_caps_then_refuses() {
 fn acquire_skips_excluded_backends() {
     let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
     for _ in 0..10 {
-        let lease = snap.acquire_for_class(0, &ModelRoute::Any, &[0]).unwrap();
+        let lease = snap.acquire_for_class(0, &Demand::default(), &[0]).unwrap();
         assert_eq!(lease.backend, 1);
     }
-    assert!(snap.acquire_for_class(1, &ModelRoute::Any, &[0]).is_none());
+    assert!(snap
+        .acquire_for_class(1, &Demand::default(), &[0])
+        .is_none());
 }
 
 #[test]
 fn apply_keeps_live_state_by_name() {
     let registry = Registry::new(config(TWO_CLASSES));
     let first = registry.load();
-    let held = first.acquire_for_class(1, &ModelRoute::Any, &[]).unwrap();
+    let held = first.acquire_for_class(1, &Demand::default(), &[]).unwrap();
     let changed = TWO_CLASSES.replace("max_outstanding: 2", "max_outstanding: 5");
     assert_eq!(registry.apply(config(&changed)), 2);
     let second = registry.load();
@@ -128,25 +130,25 @@ classes:
         times.record("slow", std::time::Duration::from_millis(800), 1000, now);
     }
     let first = snap
-        .grant(0, &ModelRoute::Any)
+        .grant(0, &Demand::default())
         .expect("the fast backend is free");
     assert_eq!(first.lease.backend, 0);
     // The fast one frees a slot in ~100 ms; the slow one would lose 700 ms: wait, and do not
     // spill to the fallback pool either.
     assert!(
-        snap.grant(0, &ModelRoute::Any).is_none(),
+        snap.grant(0, &Demand::default()).is_none(),
         "held for the fast backend"
     );
     assert_eq!(snap.backends[1].state.outstanding.get(), 0);
     assert_eq!(snap.backends[2].state.outstanding.get(), 0);
     // An admitted request's retry takes what is free.
     let retry = snap
-        .acquire_for_class(0, &ModelRoute::Any, &[])
+        .acquire_for_class(0, &Demand::default(), &[])
         .expect("retries never hold");
     assert_eq!(retry.backend, 1);
     // With both of the main pool full, the fallback pool is used.
     assert_eq!(
-        snap.grant(0, &ModelRoute::Any)
+        snap.grant(0, &Demand::default())
             .expect("spills when full")
             .lease
             .backend,
@@ -185,4 +187,27 @@ fn a_reload_that_moves_a_backend_forgets_its_service_times_only() {
     for class in &third.classes {
         assert_eq!(known(&third, class), ["a"], "class {}", class.name);
     }
+}
+
+#[test]
+fn leases_count_their_tokens_on_the_backend_until_dropped() {
+    let snap = Snapshot::build(
+        config(
+            "health_check: {enabled: false}\nbackends:\n  - {name: a, url: 'http://127.0.0.1:9001'}\n",
+        ),
+        1,
+        None,
+    );
+    let counter = &snap.backends[0].state.outstanding_tokens;
+    let demand = Demand {
+        route: crate::routing::ModelRoute::Any,
+        tokens: 300,
+    };
+    let mut lease = snap.grant(0, &demand).expect("a slot").lease;
+    assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 300);
+    lease.set_tokens(1_000);
+    let other = snap.acquire_for_class(0, &demand, &[]).unwrap();
+    assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 1_300);
+    drop((lease, other));
+    assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

@@ -14,6 +14,7 @@ fn reading(mem_used: u64, kv: f64, waiting: f64) -> Reading {
             running: Some(1.0),
             waiting: Some(waiting),
             kv_cache_usage: Some(kv),
+            kv_capacity_tokens: None,
         }),
     }
 }

@@ -90,6 +90,9 @@ pub struct ServerLoad {
     pub waiting: Option<f64>,
     /// KV-cache usage, 0..=1.
     pub kv_cache_usage: Option<f64>,
+    /// KV-cache capacity in tokens (vLLM: `num_gpu_blocks` x `block_size` of
+    /// `vllm:cache_config_info`), when the server says.
+    pub kv_capacity_tokens: Option<f64>,
 }
 
 /// What one scrape of one source gave (or several sources, merged).
@@ -116,6 +119,7 @@ impl Reading {
                 mine.running = mine.running.or(theirs.running);
                 mine.waiting = mine.waiting.or(theirs.waiting);
                 mine.kv_cache_usage = mine.kv_cache_usage.or(theirs.kv_cache_usage);
+                mine.kv_capacity_tokens = mine.kv_capacity_tokens.or(theirs.kv_capacity_tokens);
             }
             (None, Some(theirs)) => self.server = Some(theirs.clone()),
             _ => {}

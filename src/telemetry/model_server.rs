@@ -21,14 +21,18 @@ pub fn server_load(kind: ServerKind, s: &Scrape) -> Result<Reading, TelemetryErr
         running: sum(s, running),
         waiting: sum(s, waiting),
         kv_cache_usage: kv.iter().find_map(|name| max_ratio(s, name)),
+        kv_capacity_tokens: None,
     };
     let (server, gpus) = match kind {
         ServerKind::Vllm => (
-            load(
-                "vllm:num_requests_running",
-                "vllm:num_requests_waiting",
-                &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
-            ),
+            ServerLoad {
+                kv_capacity_tokens: vllm_kv_capacity(s),
+                ..load(
+                    "vllm:num_requests_running",
+                    "vllm:num_requests_waiting",
+                    &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                )
+            },
             Vec::new(),
         ),
         ServerKind::Sglang => (
@@ -56,6 +60,7 @@ pub fn server_load(kind: ServerKind, s: &Scrape) -> Result<Reading, TelemetryErr
                 running: None,
                 waiting: sum(s, "nv_inference_pending_request_count"),
                 kv_cache_usage: None,
+                kv_capacity_tokens: None,
             };
             (server, triton_gpus(s))
         }
@@ -105,6 +110,18 @@ pub(crate) fn usable(v: f64) -> Option<f64> {
 fn sum(s: &Scrape, name: &str) -> Option<f64> {
     s.series(name)
         .filter_map(|x| usable(x.value))
+        .reduce(|a, b| a + b)
+}
+
+/// vLLM's KV-cache capacity in tokens: `num_gpu_blocks` x `block_size` of each engine's
+/// `vllm:cache_config_info`, summed.
+fn vllm_kv_capacity(s: &Scrape) -> Option<f64> {
+    s.series("vllm:cache_config_info")
+        .filter_map(|x| {
+            let blocks: f64 = x.label("num_gpu_blocks")?.parse().ok()?;
+            let size: f64 = x.label("block_size")?.parse().ok()?;
+            usable(blocks * size)
+        })
         .reduce(|a, b| a + b)
 }
 

@@ -19,13 +19,19 @@ pub(super) fn load(
         running,
         waiting,
         kv_cache_usage: kv,
+        kv_capacity_tokens: None,
     })
 }
 
 #[test]
 fn vllm_v1_fixture() {
     let r = parse_server_load(ServerKind::Vllm, &fixture("vllm.prom")).expect("parses");
-    assert_eq!(r.server, load(Some(0.0), Some(0.0), Some(0.0)));
+    let with_capacity = load(Some(0.0), Some(0.0), Some(0.0)).map(|l| ServerLoad {
+        // num_gpu_blocks="101625" x block_size="16" in vllm:cache_config_info.
+        kv_capacity_tokens: Some(1_626_000.0),
+        ..l
+    });
+    assert_eq!(r.server, with_capacity);
     assert!(r.gpus.is_empty());
 }
 

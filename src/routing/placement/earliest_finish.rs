@@ -3,7 +3,7 @@
 
 use super::{Choice, Placement};
 use crate::config::PlacementKind;
-use crate::routing::balance::{self, Candidate};
+use crate::routing::balance;
 use rand::RngCore;
 
 /// The fastest speed tier first, least loaded within it; may hold for a faster backend.
@@ -19,8 +19,8 @@ impl Placement for EarliestFinish {
         true
     }
 
-    fn pick(&self, candidates: &[Candidate], rng: &mut dyn RngCore) -> Option<usize> {
-        balance::pick_fastest(candidates, rng)
+    fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize> {
+        balance::pick_fastest(choice.candidates, rng)
     }
 
     fn may_hold(&self, chosen: usize, choice: &Choice<'_>, queued: usize) -> bool {

@@ -1,8 +1,8 @@
 //! `least_loaded`: the fewest outstanding requests relative to weight, ties at random.
 
-use super::Placement;
+use super::{Choice, Placement};
 use crate::config::PlacementKind;
-use crate::routing::balance::{self, Candidate};
+use crate::routing::balance;
 use rand::RngCore;
 
 /// Least outstanding requests relative to weight; measured speed plays no part.
@@ -14,7 +14,7 @@ impl Placement for LeastLoaded {
         PlacementKind::LeastLoaded
     }
 
-    fn pick(&self, candidates: &[Candidate], rng: &mut dyn RngCore) -> Option<usize> {
-        balance::pick(candidates, rng)
+    fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize> {
+        balance::pick(choice.candidates, rng)
     }
 }

@@ -3,6 +3,7 @@
 
 mod earliest_finish;
 mod least_loaded;
+mod least_work;
 mod speed;
 mod speed_weighted;
 
@@ -14,13 +15,15 @@ use rand::RngCore;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-/// What a placement is given for one choice: the pool's candidates and, when it asked for
-/// them ([`Placement::uses_speeds`]), the class's measured speeds on each.
+/// What a placement is given for one choice: the pool's candidates, the request's estimated
+/// size and, when it asked for them ([`Placement::uses_speeds`]), the class's measured speeds.
 pub struct Choice<'a> {
     /// The pool's members as selection sees them, in member order.
     pub candidates: &'a mut [Candidate],
     /// Measured speeds of the class on each member, when asked for.
     pub speeds: Option<&'a PoolSpeeds>,
+    /// The request's estimated tokens (prompt + max_tokens); 0 when unknown.
+    pub tokens: u64,
 }
 
 /// A placement policy: ranks the candidates from what was measured, picks one, and may
@@ -44,7 +47,7 @@ pub trait Placement: Send + Sync + Debug {
     }
 
     /// The candidate to try, among the available ones; `None` when none is.
-    fn pick(&self, candidates: &[Candidate], rng: &mut dyn RngCore) -> Option<usize>;
+    fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize>;
 
     /// Whether the request does better waiting in its queue (`queued` requests of the class,
     /// this one included) than taking `chosen` now. Never for a request already admitted.
@@ -59,5 +62,6 @@ pub fn build(kind: PlacementKind) -> Arc<dyn Placement> {
         PlacementKind::LeastLoaded => Arc::new(least_loaded::LeastLoaded),
         PlacementKind::SpeedWeighted => Arc::new(speed_weighted::SpeedWeighted),
         PlacementKind::EarliestFinish => Arc::new(earliest_finish::EarliestFinish),
+        PlacementKind::LeastWork => Arc::new(least_work::LeastWork),
     }
 }

@@ -145,6 +145,8 @@ mod tests {
             max_outstanding: 8,
             eligible: true,
             slowness_milli: REFERENCE_SPEED,
+            work_tokens: 0,
+            kv_free_tokens: None,
         }
     }
 

@@ -1,8 +1,8 @@
 //! `speed_weighted`: least loaded, each backend's weight divided by its measured slowness.
 
-use super::Placement;
+use super::{Choice, Placement};
 use crate::config::PlacementKind;
-use crate::routing::balance::{self, Candidate};
+use crate::routing::balance;
 use rand::RngCore;
 
 /// Least loaded relative to weight and measured speed: a GPU at half speed gets half the
@@ -19,7 +19,7 @@ impl Placement for SpeedWeighted {
         true
     }
 
-    fn pick(&self, candidates: &[Candidate], rng: &mut dyn RngCore) -> Option<usize> {
-        balance::pick(candidates, rng)
+    fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize> {
+        balance::pick(choice.candidates, rng)
     }
 }

@@ -70,6 +70,14 @@ pub(crate) fn render(model_name: &str, st: &EngineState, kv_budget: usize) -> St
         let _ = writeln!(out, "# TYPE vllm:{name} {typ}");
         let _ = writeln!(out, "vllm:{name}{{{labels}}} {}", fmt_value(value));
     }
+    // The KV budget as vLLM states its cache: blocks of 16 tokens.
+    let _ = writeln!(
+        out,
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+        kv_budget / 16
+    );
     let _ = writeln!(
         out,
         "# HELP vllm:request_success_total Count of successfully processed requests."
