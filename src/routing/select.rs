@@ -84,6 +84,7 @@ impl Snapshot {
             candidates: &mut candidates,
             speeds: speeds.as_ref(),
             tokens: ask.demand.tokens,
+            mean_tokens: class.state.mean_tokens.load(Ordering::Relaxed),
         };
         placement.rank(&mut choice);
         let mut rng = rand::rng();

@@ -1,5 +1,6 @@
 //! `earliest_finish`: the fastest free backend, and a request held in its queue rather than
-//! started on a clearly slower one when a faster one will free up sooner.
+//! started on a clearly slower one when a faster one will free up sooner; the bigger the
+//! request (estimated tokens against its class's mean), the more a slow backend costs it.
 
 use super::{Choice, Placement};
 use crate::config::PlacementKind;
@@ -24,8 +25,8 @@ impl Placement for EarliestFinish {
     }
 
     fn may_hold(&self, chosen: usize, choice: &Choice<'_>, queued: usize) -> bool {
-        choice
-            .speeds
-            .is_some_and(|s| s.should_hold(chosen, choice.candidates, queued))
+        choice.speeds.is_some_and(|s| {
+            s.should_hold(chosen, choice.candidates, queued, choice.relative_size())
+        })
     }
 }

@@ -24,6 +24,20 @@ pub struct Choice<'a> {
     pub speeds: Option<&'a PoolSpeeds>,
     /// The request's estimated tokens (prompt + max_tokens); 0 when unknown.
     pub tokens: u64,
+    /// The class's mean estimated tokens per request; 0 when unknown.
+    pub mean_tokens: u64,
+}
+
+impl Choice<'_> {
+    /// The request's estimated size relative to its class's mean request; 1 when either is
+    /// unknown.
+    pub fn relative_size(&self) -> f64 {
+        if self.tokens == 0 || self.mean_tokens == 0 {
+            1.0
+        } else {
+            self.tokens as f64 / self.mean_tokens as f64
+        }
+    }
 }
 
 /// A placement policy: ranks the candidates from what was measured, picks one, and may

@@ -79,8 +79,16 @@ impl PoolSpeeds {
     /// expected to free a slot for each of the `queued` requests of the class (this one
     /// included) before the time `chosen` would lose on the request has passed. A full member
     /// with `n` requests in flight that each take `t` seconds there is taken to free `n / t`
-    /// slots a second. Members this class has no estimate for never cause a wait.
-    pub fn should_hold(&self, chosen: usize, candidates: &[Candidate], queued: usize) -> bool {
+    /// slots a second. Members this class has no estimate for never cause a wait. `size` is
+    /// the request's estimated work relative to the class's mean request (1 when unknown): a
+    /// job twice the usual size loses twice the time on a slower member.
+    pub fn should_hold(
+        &self,
+        chosen: usize,
+        candidates: &[Candidate],
+        queued: usize,
+        size: f64,
+    ) -> bool {
         let Some(chosen_secs) = self.secs.get(chosen).copied().flatten() else {
             return false;
         };
@@ -99,7 +107,7 @@ impl PoolSpeeds {
             faster_rate += f64::from(candidate.outstanding) / secs.max(f64::EPSILON);
             fastest = fastest.min(secs);
         }
-        let time_saved = chosen_secs - fastest;
+        let time_saved = (chosen_secs - fastest) * size;
         faster_rate > 0.0 && (queued as f64) < faster_rate * time_saved
     }
 }
@@ -174,20 +182,26 @@ mod tests {
         let mut full = cand(7);
         full.max_outstanding = 7;
         let pool = [full, cand(2), full];
-        assert!(speeds.should_hold(1, &pool, 1));
-        assert!(speeds.should_hold(1, &pool, 13));
+        assert!(speeds.should_hold(1, &pool, 1, 1.0));
+        assert!(speeds.should_hold(1, &pool, 13, 1.0));
         assert!(
-            !speeds.should_hold(1, &pool, 14),
+            !speeds.should_hold(1, &pool, 14, 1.0),
             "a long queue uses the slow one too"
         );
+        // A job twice the class's usual size loses twice the time there: it waits longer.
+        assert!(speeds.should_hold(1, &pool, 14, 2.0));
+        assert!(
+            !speeds.should_hold(1, &pool, 7, 0.5),
+            "a small one does not"
+        );
         // A faster member with a free slot: no waiting (the pick chose by load).
-        assert!(!speeds.should_hold(1, &[cand(3), cand(2), full], 1));
+        assert!(!speeds.should_hold(1, &[cand(3), cand(2), full], 1, 1.0));
         // A faster member that is down is not waited for.
         let mut down = full;
         down.eligible = false;
-        assert!(!speeds.should_hold(1, &[down, cand(2), down], 1));
+        assert!(!speeds.should_hold(1, &[down, cand(2), down], 1, 1.0));
         // The fastest never waits.
-        assert!(!speeds.should_hold(0, &[cand(2), full, full], 1));
+        assert!(!speeds.should_hold(0, &[cand(2), full, full], 1, 1.0));
     }
 
     #[test]
@@ -202,12 +216,12 @@ mod tests {
         // Expected 14 s on member 1, so the same decisions as when measured.
         let mut full = cand(7);
         full.max_outstanding = 7;
-        assert!(speeds.should_hold(1, &[full, cand(0), full], 13));
-        assert!(!speeds.should_hold(1, &[full, cand(0), full], 14));
+        assert!(speeds.should_hold(1, &[full, cand(0), full], 13, 1.0));
+        assert!(!speeds.should_hold(1, &[full, cand(0), full], 14, 1.0));
         // Without the other class, member 1 is unknown: it is used, and so measured.
         let alone = PoolSpeeds::new(&own, &[], &[true; 3]);
         assert_eq!(alone.slowness_milli(1), 1000);
-        assert!(!alone.should_hold(1, &[full, cand(0), full], 1));
+        assert!(!alone.should_hold(1, &[full, cand(0), full], 1, 1.0));
     }
 
     #[test]
@@ -234,14 +248,14 @@ mod tests {
         let mut full = cand(8);
         full.max_outstanding = 8;
         let unmeasured = PoolSpeeds::new(&[None, m(14.0)], &[], &[true; 2]);
-        assert!(!unmeasured.should_hold(1, &[full, cand(0)], 1));
+        assert!(!unmeasured.should_hold(1, &[full, cand(0)], 1, 1.0));
         // 8 s against 7 s is within the noise of a measurement: no waiting.
         let close = PoolSpeeds::new(&[m(7.0), m(8.0)], &[], &[true; 2]);
-        assert!(!close.should_hold(1, &[full, cand(0)], 1));
+        assert!(!close.should_hold(1, &[full, cand(0)], 1, 1.0));
         // A faster member that is full of nothing (its cap is 0): no slot will free there.
         let mut closed = cand(0);
         closed.max_outstanding = 0;
         let fast = PoolSpeeds::new(&[m(7.0), m(14.0)], &[], &[true; 2]);
-        assert!(!fast.should_hold(1, &[closed, cand(0)], 1));
+        assert!(!fast.should_hold(1, &[closed, cand(0)], 1, 1.0));
     }
 }
