@@ -65,6 +65,9 @@ pub enum ProxyError {
         /// The models served now, sorted.
         served: Vec<String>,
     },
+    /// The process is shutting down and takes no new requests.
+    #[error("this gpulb is shutting down; retry on another")]
+    ShuttingDown,
     /// A fault inside the proxy.
     #[error("internal error: {0}")]
     Internal(String),
@@ -82,6 +85,7 @@ impl ProxyError {
             ProxyError::ModelNotFound { .. } => 404,
             ProxyError::BodyTimeout(_) => 408,
             ProxyError::BodyTooLarge { .. } => 413,
+            ProxyError::ShuttingDown => 503,
             ProxyError::ClientGone => 499,
             ProxyError::Internal(_) => 500,
         }
@@ -100,6 +104,7 @@ impl ProxyError {
             ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::BodyTimeout(_) => "body_timeout",
             ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::ShuttingDown => "shutting_down",
             ProxyError::ClientGone => "client_gone",
             ProxyError::Internal(_) => "internal_error",
         }
@@ -110,6 +115,7 @@ impl ProxyError {
         match self {
             ProxyError::NoBackendAvailable { retry_after, .. }
             | ProxyError::Shed { retry_after, .. } => Some(*retry_after),
+            ProxyError::ShuttingDown => Some(1),
             _ => None,
         }
     }
@@ -171,6 +177,7 @@ fn shed_text(reason: ShedReason, tenant: &str) -> String {
         ShedReason::TenantCap => {
             format!("tenant {tenant:?} is at its limit of requests in this class")
         }
+        ShedReason::ShuttingDown => "this gpulb is shutting down; retry on another".to_string(),
     }
 }
 

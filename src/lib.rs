@@ -29,6 +29,7 @@ pub mod error;
 mod headers;
 pub mod health;
 mod hostinfo;
+pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -4,12 +4,13 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
+use crate::lifecycle::{Drain, Lifecycle};
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
 use crate::tasks::{Dispatcher, HealthChecks, ModelDiscovery, PerBackend, TelemetryPolling};
 use pingora::server::configuration::ServerConf;
-use pingora::server::{RunArgs, Server, ShutdownSignalWatch};
+use pingora::server::{RunArgs, Server, ShutdownSignalWatch, UnixShutdownSignalWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use std::net::{SocketAddr, TcpListener};
@@ -50,15 +51,21 @@ pub enum Source {
 
 /// Builds the pingora server for `config`: proxy service, reload triggers when it came from a
 /// file, and the admin service when configured.
-pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Registry>), StartError> {
+pub fn build_server(
+    config: Config,
+    source: Source,
+    lifecycle: Arc<Lifecycle>,
+) -> Result<(Server, Arc<Registry>), StartError> {
     probe_listen(config.listen, "proxy")?;
     if let Some(admin) = &config.admin {
         probe_listen(admin.listen, "admin")?;
     }
+    // The drain (lifecycle.rs) has finished every request before pingora hears of the stop:
+    // no grace period is needed after it, and the runtimes only have their loops to end.
     let conf = ServerConf {
         threads: config.threads,
         grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -115,7 +122,12 @@ pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Regis
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gpulb::new(Arc::clone(&registry), Arc::clone(&metrics), access_log),
+        Gpulb::new(
+            Arc::clone(&registry),
+            Arc::clone(&metrics),
+            access_log,
+            Arc::clone(&lifecycle),
+        ),
         "gpulb proxy",
     );
     proxy.add_tcp(&listen.to_string());
@@ -145,6 +157,7 @@ pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Regis
             guard_all,
             metrics,
             history,
+            lifecycle,
         );
         let mut service = Service::new("gpulb admin".to_string(), app);
         service.add_tcp(&admin.listen.to_string());
@@ -154,19 +167,28 @@ pub fn build_server(config: Config, source: Source) -> Result<(Server, Arc<Regis
     Ok((server, registry))
 }
 
-/// Runs the server until `shutdown` fires (SIGTERM: graceful, SIGINT: fast, by default).
+/// Runs the server until `shutdown` (by default the Unix signals: SIGTERM drains, SIGINT
+/// stops at once, SIGQUIT hands the listeners over) says to stop.
 pub fn run(
     config: Config,
     source: Source,
-    shutdown: Option<Box<dyn ShutdownSignalWatch>>,
+    shutdown: Option<Box<dyn ShutdownSignalWatch + Send + Sync>>,
 ) -> Result<(), StartError> {
     let listen = config.listen;
-    let (server, _registry) = build_server(config, source)?;
+    let (drain_delay, timeout) = (config.drain_delay, config.shutdown_timeout);
+    let lifecycle = Arc::new(Lifecycle::default());
+    let (server, registry) = build_server(config, source, Arc::clone(&lifecycle))?;
     tracing::info!(%listen, "gpulb serving");
-    let mut args = RunArgs::default();
-    if let Some(signal) = shutdown {
-        args.shutdown_signal = signal;
-    }
+    let signals = shutdown.unwrap_or_else(|| Box::new(UnixShutdownSignalWatch));
+    let args = RunArgs {
+        shutdown_signal: Box::new(Drain::new(
+            signals,
+            lifecycle,
+            registry,
+            drain_delay,
+            timeout,
+        )),
+    };
     server.run(args);
     Ok(())
 }

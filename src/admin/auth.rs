@@ -14,8 +14,9 @@ pub enum Access {
 }
 
 /// Paths served without a token even on a guarded (non-loopback) listener: static assets that
-/// carry no data. The dashboard page sends the token itself when it fetches data.
-const PUBLIC: &[&str] = &["/dashboard"];
+/// carry no data (the dashboard page sends the token itself when it fetches data), and the
+/// probes an orchestrator calls.
+const PUBLIC: &[&str] = &["/dashboard", "/livez", "/readyz"];
 
 /// Decides access: mutating methods always need the token; on a guarded listener (`guard_all`,
 /// non-loopback) everything but [`PUBLIC`] pages does. `authorization` is the header's value.

@@ -11,6 +11,7 @@ pub mod history;
 
 pub use exposition::Exposition;
 
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::reload::{Outcome, Reloader, Trigger};
 use crate::routing::Registry;
@@ -37,6 +38,7 @@ pub struct AdminApp {
     metrics: Arc<Metrics>,
     exposition: Exposition,
     history: Arc<History>,
+    lifecycle: Arc<Lifecycle>,
 }
 
 /// `GET /status` body: the fleet view and the reload history.
@@ -57,6 +59,7 @@ impl AdminApp {
         guard_all: bool,
         metrics: Arc<Metrics>,
         history: Arc<History>,
+        lifecycle: Arc<Lifecycle>,
     ) -> Self {
         AdminApp {
             registry,
@@ -66,6 +69,30 @@ impl AdminApp {
             metrics,
             exposition: Exposition::default(),
             history,
+            lifecycle,
+        }
+    }
+
+    /// `GET /readyz`: 200 while serving with at least one eligible backend in every pool; 503
+    /// with the reason while draining or when a pool has none.
+    fn readiness(&self) -> Response<Vec<u8>> {
+        if self.lifecycle.phase() != Phase::Serving {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "draining", "shutting down");
+        }
+        let snapshot = self.registry.load();
+        let now = crate::health::now_ms();
+        let empty = snapshot.pools.iter().find(|p| {
+            !p.members
+                .iter()
+                .any(|&i| snapshot.backends[i].state.eligible(now))
+        });
+        match empty {
+            Some(pool) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_eligible_backend",
+                &format!("pool {:?} has no backend that may take traffic", pool.name),
+            ),
+            None => json(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         }
     }
 
@@ -176,6 +203,8 @@ impl ServeHttp for AdminApp {
             }
         }
         match (method, path.as_str()) {
+            (Method::GET, "/livez") => json(StatusCode::OK, &serde_json::json!({"status": "live"})),
+            (Method::GET, "/readyz") => self.readiness(),
             (Method::GET, "/metrics") => self.metrics(),
             (Method::GET, "/status") => self.status(),
             (Method::GET, "/history") => self.history(query.as_deref()),

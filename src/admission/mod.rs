@@ -165,6 +165,14 @@ impl<L: Send + 'static> ClassQueue<L> {
         self.shared.deliver(policy, None, &mut acquire);
     }
 
+    /// Refuses every request waiting now with `reason` (each answers at once).
+    pub fn shed_all(&self, policy: &QueuePolicy, reason: ShedReason) {
+        while let Some(waiter) = self.shared.with_state(|s| s.pop_next(policy)) {
+            // A waiter that has gone already needs no answer.
+            let _ = waiter.send(Err(reason));
+        }
+    }
+
     /// Requests waiting now.
     pub fn depth(&self) -> usize {
         self.shared.depth()

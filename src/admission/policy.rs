@@ -100,6 +100,8 @@ pub enum ShedReason {
     TenantOverShare,
     /// The tenant has `tenant_max_outstanding` requests queued or in flight.
     TenantCap,
+    /// The process is shutting down and the request was still waiting.
+    ShuttingDown,
 }
 
 impl ShedReason {
@@ -110,6 +112,7 @@ impl ShedReason {
             ShedReason::WaitTimeout => "wait_timeout",
             ShedReason::TenantOverShare => "tenant_over_share",
             ShedReason::TenantCap => "tenant_cap",
+            ShedReason::ShuttingDown => "shutting_down",
         }
     }
 
@@ -117,7 +120,7 @@ impl ShedReason {
     pub fn status(self) -> u16 {
         match self {
             ShedReason::TenantOverShare | ShedReason::TenantCap => 429,
-            ShedReason::QueueFull | ShedReason::WaitTimeout => 503,
+            ShedReason::QueueFull | ShedReason::WaitTimeout | ShedReason::ShuttingDown => 503,
         }
     }
 }

@@ -21,6 +21,7 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
             true,
             old.shutdown_timeout != new.shutdown_timeout,
         ),
+        ("drain_delay", true, old.drain_delay != new.drain_delay),
         (
             "request_id_header",
             false,

@@ -53,9 +53,15 @@ pub struct Config {
     /// How often a request whose connect failed is tried again on another backend.
     #[serde(default = "defaults::connect_retries")]
     pub connect_retries: usize,
-    /// Time in-flight requests get to finish on graceful shutdown (SIGTERM).
+    /// Time in-flight and queued requests get to finish on graceful shutdown (SIGTERM), after
+    /// `drain_delay`.
     #[serde(default = "defaults::shutdown_timeout", with = "duration")]
     pub shutdown_timeout: Duration,
+    /// On SIGTERM, how long gpulb keeps serving normally while reporting not-ready (so a load
+    /// balancer in front, or Kubernetes, stops sending it traffic) before it refuses new
+    /// requests and waits for those in flight.
+    #[serde(default, with = "duration")]
+    pub drain_delay: Duration,
     /// Header carrying the request id; added when the client sent none, echoed back.
     #[serde(default = "defaults::request_id_header")]
     pub request_id_header: String,

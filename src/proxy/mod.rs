@@ -17,6 +17,7 @@ pub use ctx::RequestCtx;
 use crate::error::ProxyError;
 use crate::headers;
 use crate::health::AttemptFailure;
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::routing::{ModelInfo, Registry, Snapshot};
 use async_trait::async_trait;
@@ -32,16 +33,24 @@ pub struct Gpulb {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     access_log: bool,
+    lifecycle: Arc<Lifecycle>,
 }
 
 impl Gpulb {
     /// A proxy routing with the snapshots of `registry`, recording into `metrics`, writing an
-    /// access line per request when `access_log`.
-    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, access_log: bool) -> Self {
+    /// access line per request when `access_log`, and refusing new requests once `lifecycle`
+    /// is closing.
+    pub fn new(
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        access_log: bool,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Self {
         Gpulb {
             registry,
             metrics,
             access_log,
+            lifecycle,
         }
     }
 }
@@ -88,6 +97,18 @@ impl ProxyHttp for Gpulb {
         )?);
         ctx.tenant = tenant_of(session, &snapshot.config.tenant_header);
         ctx.snapshot = Some(Arc::clone(&snapshot));
+        match self.lifecycle.phase() {
+            Phase::Serving => {}
+            // Told to stop: serve, but let the client reconnect elsewhere for the next one.
+            Phase::Draining => session.set_keepalive(None),
+            Phase::Closing => {
+                session.set_keepalive(None);
+                let error = ProxyError::ShuttingDown;
+                respond_error(session, ctx, &error).await?;
+                ctx.failure = Some(error);
+                return Ok(true);
+            }
+        }
         if let Some(models) = models_asked(session, &snapshot) {
             respond_models(session, ctx, &models).await?;
             return Ok(true);

@@ -90,6 +90,27 @@ impl Proxy {
         std::fs::rename(&tmp, &self.config_path).expect("rename config");
     }
 
+    /// Sends the process Unix signal `signal` (`libc::SIGTERM`, ...).
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.pid()).expect("pid");
+        // SAFETY: kill(2) on the child this test started and still owns.
+        assert_eq!(
+            unsafe { libc::kill(pid, signal) },
+            0,
+            "kill({pid}, {signal})"
+        );
+    }
+
+    /// Waits (bounded by [`WAIT`]) until the process has exited; its exit status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let child = &mut self.child.0;
+        eventually(WAIT, "gpulb to exit", || {
+            let exited = child.try_wait().expect("try_wait");
+            async move { exited }
+        })
+        .await
+    }
+
     /// The proxy's process id.
     pub fn pid(&self) -> u32 {
         self.child.0.id()

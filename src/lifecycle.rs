@@ -1,0 +1,243 @@
+//! The process's lifecycle as the outside sees it, and the drain that orders a graceful stop.
+//!
+//! On SIGTERM gpulb drains in the order Kubernetes needs: readiness turns false at once while
+//! traffic is still served for `drain_delay` (so endpoints are withdrawn); then new requests are
+//! refused with 503 and in-flight and queued requests get `shutdown_timeout` to finish; queued
+//! requests still waiting then get a clean 503; only then is pingora told to stop, so no
+//! stream is cut. SIGINT stops at once, also during a drain.
+
+use crate::admission::ShedReason;
+use crate::routing::Registry;
+use async_trait::async_trait;
+use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often the drain looks at what is still in flight.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// Where the process is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Serving; ready for traffic.
+    Serving = 0,
+    /// Told to stop: not ready, still serving every request.
+    Draining = 1,
+    /// Finishing what is in flight; new requests are refused.
+    Closing = 2,
+}
+
+/// The lifecycle phase, shared by the proxy, the admin probes and the drain.
+#[derive(Debug, Default)]
+pub struct Lifecycle(AtomicU8);
+
+impl Lifecycle {
+    /// The phase now.
+    pub fn phase(&self) -> Phase {
+        match self.0.load(Ordering::Acquire) {
+            0 => Phase::Serving,
+            1 => Phase::Draining,
+            _ => Phase::Closing,
+        }
+    }
+
+    fn enter(&self, phase: Phase) {
+        self.0.store(phase as u8, Ordering::Release);
+    }
+}
+
+/// A shutdown watch that drains before passing a graceful stop on to pingora.
+pub struct Drain {
+    inner: Box<dyn ShutdownSignalWatch + Send + Sync>,
+    lifecycle: Arc<Lifecycle>,
+    registry: Arc<Registry>,
+    drain_delay: Duration,
+    shutdown_timeout: Duration,
+}
+
+impl Drain {
+    /// Drains `registry`'s traffic on `inner`'s graceful stop, keeping `lifecycle` current.
+    pub fn new(
+        inner: Box<dyn ShutdownSignalWatch + Send + Sync>,
+        lifecycle: Arc<Lifecycle>,
+        registry: Arc<Registry>,
+        drain_delay: Duration,
+        shutdown_timeout: Duration,
+    ) -> Self {
+        Drain {
+            inner,
+            lifecycle,
+            registry,
+            drain_delay,
+            shutdown_timeout,
+        }
+    }
+
+    /// Requests in flight or queued, over every class.
+    fn in_flight(&self) -> usize {
+        let snapshot = self.registry.load();
+        let classes = snapshot.classes.iter();
+        classes
+            .map(|c| c.state.outstanding.get() as usize + c.state.queues.depth())
+            .sum()
+    }
+
+    /// The drain itself: delay, then close and wait for what is in flight.
+    async fn drain(&self) {
+        self.lifecycle.enter(Phase::Draining);
+        tracing::info!(delay = ?self.drain_delay, "SIGTERM: not ready any more; draining");
+        tokio::time::sleep(self.drain_delay).await;
+        self.lifecycle.enter(Phase::Closing);
+        let deadline = Instant::now() + self.shutdown_timeout;
+        let mut left = self.in_flight();
+        while left > 0 && Instant::now() < deadline {
+            tokio::time::sleep(DRAIN_POLL).await;
+            left = self.in_flight();
+        }
+        if left > 0 {
+            tracing::warn!(left, timeout = ?self.shutdown_timeout, "requests still in flight at shutdown_timeout");
+            let snapshot = self.registry.load();
+            for class in &snapshot.classes {
+                for (_, queue) in class.state.queues.waiting() {
+                    queue.shed_all(&class.policy, ShedReason::ShuttingDown);
+                }
+            }
+            // Let the refused ones write their 503.
+            tokio::time::sleep(DRAIN_POLL * 4).await;
+        } else {
+            tracing::info!("drained: nothing in flight");
+        }
+    }
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Drain {
+    async fn recv(&self) -> ShutdownSignal {
+        let signal = self.inner.recv().await;
+        if !matches!(signal, ShutdownSignal::GracefulTerminate) {
+            return signal;
+        }
+        tokio::select! {
+            () = self.drain() => ShutdownSignal::GracefulTerminate,
+            // A second signal during the drain (SIGINT: stop now) wins.
+            again = self.inner.recv() => again,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::sync::Mutex;
+
+    /// A watch that answers the signals it was given, one per call, then waits forever.
+    struct Scripted(Mutex<Vec<ShutdownSignal>>);
+
+    #[async_trait]
+    impl ShutdownSignalWatch for Scripted {
+        async fn recv(&self) -> ShutdownSignal {
+            let next = self.0.lock().unwrap().pop();
+            match next {
+                Some(signal) => signal,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn drain(signals: Vec<ShutdownSignal>, registry: &Arc<Registry>) -> (Drain, Arc<Lifecycle>) {
+        let lifecycle = Arc::new(Lifecycle::default());
+        let drain = Drain::new(
+            Box::new(Scripted(Mutex::new(signals))),
+            Arc::clone(&lifecycle),
+            Arc::clone(registry),
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+        );
+        (drain, lifecycle)
+    }
+
+    fn registry() -> Arc<Registry> {
+        let yaml =
+            "health_check: {enabled: false}\nbackends:\n  - {name: a, url: 'http://127.0.0.1:9'}\n";
+        Arc::new(Registry::new(Config::from_yaml(yaml).unwrap()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sigterm_waits_for_the_delay_and_for_what_is_in_flight() {
+        let registry = registry();
+        let (drain, lifecycle) = drain(vec![ShutdownSignal::GracefulTerminate], &registry);
+        let grant = registry
+            .load()
+            .grant(0, &Default::default())
+            .expect("a slot");
+        let started = Instant::now();
+        let stop = tokio::spawn(async move { drain.recv().await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(lifecycle.phase(), Phase::Draining);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(lifecycle.phase(), Phase::Closing);
+        assert!(!stop.is_finished(), "a request is still in flight");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(grant);
+        let signal = stop.await.unwrap();
+        assert!(matches!(signal, ShutdownSignal::GracefulTerminate));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1300) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sigint_during_a_drain_stops_at_once_and_other_signals_pass() {
+        let registry = registry();
+        let _grant = registry.load().grant(0, &Default::default());
+        // Popped from the end: first SIGTERM, then SIGINT.
+        let signals = vec![
+            ShutdownSignal::FastShutdown,
+            ShutdownSignal::GracefulTerminate,
+        ];
+        let (drain, _) = drain(signals, &registry);
+        assert!(matches!(drain.recv().await, ShutdownSignal::FastShutdown));
+        let (upgrade, lifecycle) = drain_upgrade(&registry);
+        assert!(matches!(
+            upgrade.recv().await,
+            ShutdownSignal::GracefulUpgrade
+        ));
+        assert_eq!(lifecycle.phase(), Phase::Serving);
+    }
+
+    fn drain_upgrade(registry: &Arc<Registry>) -> (Drain, Arc<Lifecycle>) {
+        drain(vec![ShutdownSignal::GracefulUpgrade], registry)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_timeout_queued_requests_are_refused_and_the_stop_goes_on() {
+        let registry = registry();
+        let lifecycle = Arc::new(Lifecycle::default());
+        let drain = Drain::new(
+            Box::new(Scripted(Mutex::new(vec![
+                ShutdownSignal::GracefulTerminate,
+            ]))),
+            Arc::clone(&lifecycle),
+            Arc::clone(&registry),
+            Duration::ZERO,
+            Duration::from_secs(2),
+        );
+        let _held = registry.load().grant(0, &Default::default());
+        let started = Instant::now();
+        assert!(matches!(
+            drain.recv().await,
+            ShutdownSignal::GracefulTerminate
+        ));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+}

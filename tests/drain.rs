@@ -1,0 +1,65 @@
+//! SIGTERM drains: readiness turns false at once, traffic is served through `drain_delay`, then
+//! new requests are refused while a stream in flight runs to its `[DONE]`, and only then does
+//! the process exit. Probes answer without a token.
+
+mod common;
+
+use common::{start_workers, Config, Proxy, Req, WAIT};
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_flight_completes_across_sigterm() {
+    // 40 tokens at 50 ms each: a stream of about two seconds.
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(50)).await;
+    let config = Config::fleet(&workers)
+        .set("drain_delay", "500ms")
+        .set("shutdown_timeout", "20s");
+    let mut proxy = Proxy::start(config).await;
+    let probe = |path: &'static str| {
+        let url = format!("{}{path}", proxy.admin);
+        async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
+    };
+    assert_eq!(probe("/livez").await.unwrap(), 200);
+    assert_eq!(probe("/readyz").await.unwrap(), 200);
+
+    let stream = proxy.spawn(Req::completion_stream(40));
+    proxy.wait_outstanding("w0", 1).await;
+    proxy.signal(libc::SIGTERM);
+    let signalled = Instant::now();
+    // Not ready at once, but still serving during the delay.
+    assert_eq!(probe("/readyz").await.unwrap(), 503);
+    assert_eq!(proxy.send(&Req::completion(1)).await.status, 200);
+    // After the delay new requests are refused, cleanly.
+    tokio::time::sleep(Duration::from_millis(700).saturating_sub(signalled.elapsed())).await;
+    let refused = proxy.send(&Req::completion(1)).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "shutting_down");
+    assert_eq!(refused.header("connection"), Some("close"));
+
+    let answer = stream.await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.body.matches("data: {").count(),
+        40,
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);
+    let status = proxy.wait_exit().await;
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() < WAIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_proxy_stops_at_once_on_sigterm() {
+    let workers = start_workers(1, |_| {}).await;
+    let mut proxy = Proxy::start(Config::fleet(&workers)).await;
+    let started = Instant::now();
+    proxy.signal(libc::SIGTERM);
+    assert!(proxy.wait_exit().await.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
