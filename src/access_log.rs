@@ -200,6 +200,7 @@ mod tests {
         max_tokens: Some(64),
         n: 1,
         prompt_tokens: 300,
+        prefix: Vec::new(),
     };
 
     #[test]

@@ -4,8 +4,9 @@
 //! Only the top-level fields needed are parsed; the prompt's text is measured, never copied, and
 //! the body itself is forwarded as received.
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -26,6 +27,10 @@ pub struct BodyFacts {
     /// Estimated prompt tokens: the bytes of text in `prompt`, `messages` or `input`, divided by
     /// [`BYTES_PER_TOKEN`], rounded up; a token-id array counts one per id.
     pub prompt_tokens: u64,
+    /// The prompt's fingerprint: chained hashes of its [`PREFIX_BLOCK`]-byte blocks, in order,
+    /// at most [`MAX_PREFIX_BLOCKS`] (a partial last block is left out). Two prompts sharing
+    /// their first `k` blocks share their first `k` hashes.
+    pub prefix: Vec<u64>,
 }
 
 impl BodyFacts {
@@ -56,22 +61,24 @@ struct Envelope<'a> {
     max_output_tokens: Option<u64>,
     #[serde(default)]
     n: Option<u64>,
-    #[serde(default)]
-    prompt: Option<TextSize>,
-    #[serde(default)]
-    messages: Option<TextSize>,
-    #[serde(default)]
-    input: Option<TextSize>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
 }
 
 /// Reads the facts of a JSON request body.
 pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
     let e: Envelope = serde_json::from_slice(body).map_err(|e| BodyError(e.to_string()))?;
-    let text = [e.prompt, e.messages, e.input]
-        .into_iter()
-        .flatten()
-        .map(|t| t.0)
-        .sum::<u64>();
+    let mut text = TextState::default();
+    for raw in [e.messages, e.prompt, e.input].into_iter().flatten() {
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        TextSeed(&mut text)
+            .deserialize(&mut de)
+            .map_err(|e| BodyError(e.to_string()))?;
+    }
     Ok(BodyFacts {
         model: e.model.map(Cow::into_owned),
         stream: e.stream.unwrap_or(false),
@@ -80,7 +87,8 @@ pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
             .or(e.max_completion_tokens)
             .or(e.max_output_tokens),
         n: e.n.unwrap_or(1),
-        prompt_tokens: text.div_ceil(BYTES_PER_TOKEN),
+        prompt_tokens: text.bytes.div_ceil(BYTES_PER_TOKEN),
+        prefix: text.prefix.hashes,
     })
 }
 
@@ -133,69 +141,119 @@ pub fn usage_in(tail: &[u8]) -> Option<Usage> {
         .ok()
 }
 
-/// Bytes of prompt text in any JSON value: string values count their length, numbers (token
-/// ids) count as one token each; object keys and the values of naming keys (`role`, `type`,
-/// `name`, `id`) do not count.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct TextSize(u64);
+/// Bytes of prompt text per fingerprint block: about 16 tokens, a KV-cache block of vLLM's.
+pub const PREFIX_BLOCK: usize = 64;
+/// Most blocks fingerprinted (32 KiB of prompt): bounds the cost of a huge prompt.
+pub const MAX_PREFIX_BLOCKS: usize = 512;
 
-impl<'de> Deserialize<'de> for TextSize {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(TextVisitor).map(TextSize)
+/// Marks the end of one string of the prompt, so `"ab" + "c"` differs from `"a" + "bc"`.
+const SEPARATOR: u8 = 0x1e;
+
+/// Chained FNV-1a hashes of fixed-size blocks of the bytes fed in: fixed, so every gpulb replica
+/// computes the same fingerprint for the same prompt.
+#[derive(Debug, Default)]
+struct PrefixHasher {
+    block: Vec<u8>,
+    chain: u64,
+    hashes: Vec<u64>,
+}
+
+impl PrefixHasher {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && self.hashes.len() < MAX_PREFIX_BLOCKS {
+            let take = (PREFIX_BLOCK - self.block.len()).min(bytes.len());
+            self.block.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.block.len() == PREFIX_BLOCK {
+                self.chain = fnv1a(fnv1a(FNV_OFFSET, &self.chain.to_le_bytes()), &self.block);
+                self.hashes.push(self.chain);
+                self.block.clear();
+            }
+        }
     }
 }
 
-struct TextVisitor;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = u64;
+/// FNV-1a over `bytes`, continuing from `hash`.
+fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// What is measured of the prompt while it is walked once: its text's size and fingerprint.
+#[derive(Debug, Default)]
+struct TextState {
+    bytes: u64,
+    prefix: PrefixHasher,
+}
+
+/// Walks any JSON value of the prompt: string values count their length and feed the
+/// fingerprint, numbers (token ids) count as one token each; object keys and the values of
+/// naming keys (`role`, `type`, `name`, `id`) do not count.
+struct TextSeed<'s>(&'s mut TextState);
+
+impl<'de> DeserializeSeed<'de> for TextSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextSeed<'_> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("prompt text")
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
-        Ok(v.len() as u64)
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.bytes = self.0.bytes.saturating_add(v.len() as u64);
+        self.0.prefix.feed(v.as_bytes());
+        self.0.prefix.feed(&[SEPARATOR]);
+        Ok(())
     }
 
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
-        Ok(BYTES_PER_TOKEN)
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.0.bytes = self.0.bytes.saturating_add(BYTES_PER_TOKEN);
+        self.0.prefix.feed(&v.to_le_bytes());
+        Ok(())
     }
 
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
-        Ok(BYTES_PER_TOKEN)
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.visit_u64(v as u64)
     }
 
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
-        Ok(0)
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
-        Ok(0)
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
-        Ok(0)
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut total = 0u64;
-        while let Some(TextSize(n)) = seq.next_element()? {
-            total = total.saturating_add(n);
-        }
-        Ok(total)
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(TextSeed(&mut *self.0))?.is_some() {}
+        Ok(())
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
-        let mut total = 0u64;
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if matches!(key.as_ref(), "role" | "type" | "name" | "id") {
                 map.next_value::<IgnoredAny>()?;
             } else {
-                total = total.saturating_add(map.next_value::<TextSize>()?.0);
+                map.next_value_seed(TextSeed(&mut *self.0))?;
             }
         }
-        Ok(total)
+        Ok(())
     }
 }
 
@@ -238,6 +296,47 @@ mod tests {
                 ..BodyFacts::default()
             }
         );
+    }
+
+    /// A chat body with these message contents.
+    fn chat(contents: &[&str]) -> Vec<u8> {
+        let messages: Vec<_> = contents
+            .iter()
+            .map(|c| serde_json::json!({"role": "user", "content": c}))
+            .collect();
+        serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    #[test]
+    fn prompts_sharing_a_prefix_share_its_fingerprint() {
+        let system = "You are a careful assistant. ".repeat(10); // 290 bytes: 4 whole blocks
+        let a = parse(&chat(&[&system, "What is the capital of France?"])).unwrap();
+        let b = parse(&chat(&[
+            &system,
+            "Name three prime numbers, please, quickly.",
+        ]))
+        .unwrap();
+        assert_eq!(a.prefix.len(), (290 + 1 + 30 + 1) / PREFIX_BLOCK);
+        assert_eq!(
+            a.prefix[..4],
+            b.prefix[..4],
+            "the system prompt's blocks agree"
+        );
+        assert_ne!(
+            a.prefix.get(4),
+            b.prefix.get(4),
+            "they part where the questions differ"
+        );
+        // The same text split differently is another prompt.
+        let split = parse(&chat(&[&system[..100], &system[100..]])).unwrap();
+        assert_eq!(split.prefix[0], a.prefix[0]);
+        assert_ne!(split.prefix[1], a.prefix[1]);
+        // Computed again (another replica): the same hashes.
+        assert_eq!(parse(&chat(&[&system])).unwrap().prefix[..4], a.prefix[..4]);
+        // Bounded, and a short prompt has no whole block.
+        let huge = parse(&chat(&[&"x".repeat(100_000)])).unwrap();
+        assert_eq!(huge.prefix.len(), MAX_PREFIX_BLOCKS);
+        assert!(parse(&chat(&["hi"])).unwrap().prefix.is_empty());
     }
 
     #[test]

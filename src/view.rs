@@ -5,6 +5,7 @@
 use crate::config::PlacementKind;
 use crate::health::{now_ms, CheckStatus};
 use crate::metrics::{Metrics, Percentiles};
+use crate::routing::prefix::ENTRY_BYTES;
 use crate::routing::{Backend, Class, ModelList, Snapshot};
 use crate::telemetry::{GpuReading, ServerLoad};
 use serde::Serialize;
@@ -26,6 +27,19 @@ pub struct FleetView {
     pub backends: Vec<BackendView>,
     /// Every class, in match order.
     pub classes: Vec<ClassView>,
+    /// The prompt prefix index of `prefix_affinity` placement.
+    pub prefix_index: PrefixIndexView,
+}
+
+/// The size of the prefix index in a [`FleetView`].
+#[derive(Debug, Serialize)]
+pub struct PrefixIndexView {
+    /// Block entries held now.
+    pub entries: usize,
+    /// Most entries held.
+    pub capacity: usize,
+    /// Memory the entries take, about.
+    pub approx_bytes: usize,
 }
 
 /// One backend in a [`FleetView`].
@@ -167,6 +181,11 @@ impl FleetView {
                 .iter()
                 .map(|c| class_view(snapshot, c, metrics, latency_span_s, now))
                 .collect(),
+            prefix_index: PrefixIndexView {
+                entries: snapshot.prefixes.len(),
+                capacity: snapshot.prefixes.capacity(),
+                approx_bytes: snapshot.prefixes.len() * ENTRY_BYTES,
+            },
         }
     }
 }

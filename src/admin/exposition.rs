@@ -50,6 +50,8 @@ live_collectors! {
     running: GaugeVec = "gpulb_backend_server_running", "Requests in the model server's running batch, as it reports.", ["backend"];
     waiting: GaugeVec = "gpulb_backend_server_waiting", "Requests queued inside the model server, as it reports.", ["backend"];
     kv_cache: GaugeVec = "gpulb_backend_kv_cache_usage_ratio", "The model server's KV-cache usage, 0..1.", ["backend"];
+    prefix_hits: GaugeVec = "gpulb_backend_prefix_cache_hit_ratio", "Share of prompt tokens the model server found in its prefix cache, 0..1 (vLLM: since it started; SGLang: its cache_hit_rate).", ["backend"];
+    prefix_entries: IntGaugeVec = "gpulb_prefix_index_entries", "Prompt prefix blocks the prefix_affinity index remembers now (each about 60 bytes).", [];
     telemetry_age: GaugeVec = "gpulb_telemetry_age_seconds", "Age of the backend's last telemetry reading.", ["backend"];
     telemetry_errors: IntCounterVec = "gpulb_telemetry_errors_total", "Telemetry scrapes of the backend that failed.", ["backend"];
     reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged).", ["result"];
@@ -132,9 +134,13 @@ impl Live {
                 set_known(&self.waiting, &name, load.waiting);
                 set_known(&self.kv_cache, &name, load.kv_cache_usage);
                 set_known(&self.kv_capacity, &name, load.kv_capacity_tokens);
+                set_known(&self.prefix_hits, &name, load.prefix_cache_hit_ratio);
             }
         }
         let none: &[&str] = &[];
+        self.prefix_entries
+            .with_label_values(none)
+            .set(i64::try_from(view.prefix_index.entries).unwrap_or(i64::MAX));
         self.generation
             .with_label_values(none)
             .set(view.generation as i64);

@@ -202,6 +202,9 @@ pub enum PlacementKind {
     /// The least estimated work in tokens (prompt + max_tokens of what is in flight, or the
     /// KV-cache its server reports in use), relative to weight and measured speed.
     LeastWork,
+    /// The backend that was last sent the longest part of the prompt's prefix (its KV-cache
+    /// likely holds it), within a bounded load; unseen prompts by rendezvous hash.
+    PrefixAffinity,
 }
 
 /// Match rules of a class; every rule given must hold.

@@ -89,7 +89,15 @@ pub async fn intake(
             if tokens > 0 {
                 snapshot.classes[ctx.class].state.note_tokens(tokens);
             }
-            ctx.demand = Demand { route, tokens };
+            let prefix = ctx
+                .facts
+                .as_ref()
+                .map_or_else(|| std::sync::Arc::from([]), |f| f.prefix.as_slice().into());
+            ctx.demand = Demand {
+                route,
+                tokens,
+                prefix,
+            };
             Ok(None)
         }
         Err(served) => Ok(Some(ProxyError::ModelNotFound {

@@ -38,6 +38,14 @@ pub const REFERENCE_SPEED: u32 = 1000;
 const SPEED_TIER_MILLI: u32 = 250;
 
 impl Candidate {
+    /// Requests per unit of weight once one more is added, scaled by slowness: the figure
+    /// least-loaded selection compares.
+    pub fn normalized_load(&self) -> f64 {
+        (f64::from(self.load) + 1.0) * f64::from(self.slowness_milli.max(1))
+            / f64::from(REFERENCE_SPEED)
+            / f64::from(self.weight.max(1))
+    }
+
     /// Whether this candidate may take one more request.
     pub fn available(&self) -> bool {
         self.eligible && self.outstanding < self.max_outstanding

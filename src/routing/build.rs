@@ -1,6 +1,7 @@
 //! Building a snapshot from a validated config, carrying live state over by name.
 
 use super::classify::ClassRule;
+use super::prefix::PrefixIndex;
 use super::{
     placement, Backend, BackendState, Class, ClassState, ModelList, ModelSource, Pool, Snapshot,
 };
@@ -10,6 +11,10 @@ use crate::health::CheckStatus;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::Notify;
+
+/// Block entries the prefix index holds at most: about 15 MiB, and a quarter of a million
+/// 16-token blocks (4 million tokens of distinct prompt prefixes) remembered.
+pub const PREFIX_INDEX_ENTRIES: usize = 1 << 18;
 
 impl Snapshot {
     /// Builds a snapshot from a validated config, reusing live state from `previous` by name.
@@ -33,6 +38,10 @@ impl Snapshot {
         let capacity = previous
             .map(|p| Arc::clone(&p.capacity))
             .unwrap_or_default();
+        let prefixes = previous.map_or_else(
+            || Arc::new(PrefixIndex::new(PREFIX_INDEX_ENTRIES)),
+            |p| Arc::clone(&p.prefixes),
+        );
         let backends: Vec<Backend> = config
             .backends
             .iter()
@@ -111,6 +120,7 @@ impl Snapshot {
             classes,
             default_class,
             capacity,
+            prefixes,
         }
     }
 }

@@ -200,6 +200,7 @@ mod tests {
             max_tokens: Some(64),
             n: 1,
             prompt_tokens: 10,
+            prefix: Vec::new(),
         };
         assert_eq!(r.matches(&req, read(&facts, Some("llama-3"))), Ok(true));
         assert_eq!(r.matches(&req, read(&facts, Some("qwen"))), Ok(false));

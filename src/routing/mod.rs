@@ -11,6 +11,7 @@ mod build;
 pub mod classify;
 pub mod models;
 pub mod placement;
+pub mod prefix;
 mod queues;
 mod select;
 pub mod service_time;

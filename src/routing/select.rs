@@ -1,7 +1,8 @@
 //! Choosing a backend for a request and feeding attempt outcomes to outlier ejection.
 
 use super::balance::{Candidate, REFERENCE_SPEED};
-use super::placement::{Choice, PoolSpeeds};
+use super::placement::{Affinity, Choice, PoolSpeeds};
+use super::prefix::rendezvous;
 use super::{Class, Grant, Lease, ModelRoute, Pool, Snapshot};
 use crate::config::Guards;
 use crate::health::{now_ms, AttemptFailure};
@@ -85,6 +86,10 @@ impl Snapshot {
             speeds: speeds.as_ref(),
             tokens: ask.demand.tokens,
             mean_tokens: class.state.mean_tokens.load(Ordering::Relaxed),
+            affinity: placement
+                .uses_prefix()
+                .then(|| self.affinity(members, &ask.demand.prefix))
+                .flatten(),
         };
         placement.rank(&mut choice);
         let mut rng = rand::rng();
@@ -104,6 +109,9 @@ impl Snapshot {
                 .try_acquire(choice.candidates[chosen].max_outstanding)
             {
                 backend.state.attempts_total.fetch_add(1, Ordering::Relaxed);
+                if choice.affinity.is_some() {
+                    self.prefixes.record(&ask.demand.prefix, backend.state.id);
+                }
                 let counter = &backend.state.outstanding_tokens;
                 return Ok(Lease::new(
                     members[chosen],
@@ -115,6 +123,19 @@ impl Snapshot {
             choice.candidates[chosen].eligible = false;
         }
         Err(Miss::Full)
+    }
+
+    /// What the prefix index knows of `prefix` on each of `members`; `None` for no prefix.
+    fn affinity(&self, members: &[usize], prefix: &[u64]) -> Option<Affinity> {
+        let first = *prefix.first()?;
+        let ids: Vec<u32> = members.iter().map(|&i| self.backends[i].state.id).collect();
+        Some(Affinity {
+            matched: self.prefixes.matches(prefix, &ids),
+            rendezvous: members
+                .iter()
+                .map(|&i| rendezvous(first, &self.backends[i].state.name))
+                .collect(),
+        })
     }
 
     /// What was measured of `class` and of the other classes on each member of `pool`.
@@ -190,7 +211,11 @@ impl Snapshot {
             for (route, queue) in class.state.queues.waiting() {
                 // The slot goes to whoever is next: sized as the class's requests usually are.
                 let tokens = class.state.mean_tokens.load(Ordering::Relaxed);
-                let demand = Demand { route, tokens };
+                let demand = Demand {
+                    route,
+                    tokens,
+                    prefix: Arc::from([]),
+                };
                 queue.dispatch(&class.policy, || self.grant(index, &demand));
             }
         }
@@ -248,6 +273,8 @@ pub struct Demand {
     pub route: ModelRoute,
     /// Its estimated tokens (prompt + max_tokens); 0 when unknown.
     pub tokens: u64,
+    /// Its prompt's fingerprint (see [`crate::request::BodyFacts::prefix`]); empty when unknown.
+    pub prefix: Arc<[u64]>,
 }
 
 /// Keeps a request of `tokens` estimated tokens off backends whose free KV-cache cannot hold it

@@ -5,6 +5,7 @@
 
 use super::classify::{BodyView, ClassRule, Envelope};
 use super::placement::Placement;
+use super::prefix::PrefixIndex;
 use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
 use crate::config::{Config, Guards, HealthCheck, SourceConfig, Upstream};
@@ -87,6 +88,8 @@ pub struct Snapshot {
     pub default_class: usize,
     /// Signalled whenever a backend or class slot is released; shared by all snapshots.
     pub capacity: Arc<Notify>,
+    /// Where prompt prefixes were sent; shared by all snapshots.
+    pub prefixes: Arc<PrefixIndex>,
 }
 
 impl Snapshot {

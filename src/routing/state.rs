@@ -84,11 +84,17 @@ impl Drop for Slot {
     }
 }
 
+/// Hands out [`BackendState::id`]s.
+static NEXT_BACKEND_ID: AtomicU32 = AtomicU32::new(0);
+
 /// Live state of one backend; shared by every pool that lists it and kept across reloads.
 #[derive(Debug)]
 pub struct BackendState {
     /// The backend's configured name.
     pub name: String,
+    /// A number unique in this process, kept across reloads with the state (for indexes that
+    /// must not depend on a snapshot's backend order).
+    pub id: u32,
     /// Requests this proxy has in flight on the backend.
     pub outstanding: Arc<InflightCounter>,
     /// Requests ever sent to the backend (each attempt counts).
@@ -149,6 +155,7 @@ impl BackendState {
     pub fn new(name: impl Into<String>, released: Arc<Notify>) -> Self {
         BackendState {
             name: name.into(),
+            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             attempts_total: AtomicU64::new(0),
             health: HealthState::default(),

@@ -202,6 +202,7 @@ fn leases_count_their_tokens_on_the_backend_until_dropped() {
     let demand = Demand {
         route: crate::routing::ModelRoute::Any,
         tokens: 300,
+        ..Demand::default()
     };
     let mut lease = snap.grant(0, &demand).expect("a slot").lease;
     assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 300);

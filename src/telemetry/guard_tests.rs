@@ -15,6 +15,7 @@ fn reading(mem_used: u64, kv: f64, waiting: f64) -> Reading {
             waiting: Some(waiting),
             kv_cache_usage: Some(kv),
             kv_capacity_tokens: None,
+            prefix_cache_hit_ratio: None,
         }),
     }
 }

@@ -93,6 +93,9 @@ pub struct ServerLoad {
     /// KV-cache capacity in tokens (vLLM: `num_gpu_blocks` x `block_size` of
     /// `vllm:cache_config_info`), when the server says.
     pub kv_capacity_tokens: Option<f64>,
+    /// Share of prompt tokens found in its prefix cache, 0..=1 (vLLM: hits / queries since it
+    /// started; SGLang: its `cache_hit_rate`).
+    pub prefix_cache_hit_ratio: Option<f64>,
 }
 
 /// What one scrape of one source gave (or several sources, merged).
@@ -120,6 +123,9 @@ impl Reading {
                 mine.waiting = mine.waiting.or(theirs.waiting);
                 mine.kv_cache_usage = mine.kv_cache_usage.or(theirs.kv_cache_usage);
                 mine.kv_capacity_tokens = mine.kv_capacity_tokens.or(theirs.kv_capacity_tokens);
+                mine.prefix_cache_hit_ratio = mine
+                    .prefix_cache_hit_ratio
+                    .or(theirs.prefix_cache_hit_ratio);
             }
             (None, Some(theirs)) => self.server = Some(theirs.clone()),
             _ => {}

@@ -22,11 +22,13 @@ pub fn server_load(kind: ServerKind, s: &Scrape) -> Result<Reading, TelemetryErr
         waiting: sum(s, waiting),
         kv_cache_usage: kv.iter().find_map(|name| max_ratio(s, name)),
         kv_capacity_tokens: None,
+        prefix_cache_hit_ratio: None,
     };
     let (server, gpus) = match kind {
         ServerKind::Vllm => (
             ServerLoad {
                 kv_capacity_tokens: vllm_kv_capacity(s),
+                prefix_cache_hit_ratio: vllm_prefix_hit_ratio(s),
                 ..load(
                     "vllm:num_requests_running",
                     "vllm:num_requests_waiting",
@@ -36,11 +38,14 @@ pub fn server_load(kind: ServerKind, s: &Scrape) -> Result<Reading, TelemetryErr
             Vec::new(),
         ),
         ServerKind::Sglang => (
-            load(
-                "sglang:num_running_reqs",
-                "sglang:num_queue_reqs",
-                &["sglang:token_usage"],
-            ),
+            ServerLoad {
+                prefix_cache_hit_ratio: max_ratio(s, "sglang:cache_hit_rate"),
+                ..load(
+                    "sglang:num_running_reqs",
+                    "sglang:num_queue_reqs",
+                    &["sglang:token_usage"],
+                )
+            },
             Vec::new(),
         ),
         ServerKind::Tgi => (
@@ -61,6 +66,7 @@ pub fn server_load(kind: ServerKind, s: &Scrape) -> Result<Reading, TelemetryErr
                 waiting: sum(s, "nv_inference_pending_request_count"),
                 kv_cache_usage: None,
                 kv_capacity_tokens: None,
+                prefix_cache_hit_ratio: None,
             };
             (server, triton_gpus(s))
         }
@@ -125,6 +131,14 @@ fn vllm_kv_capacity(s: &Scrape) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
+/// vLLM's prefix-cache hit ratio since it started: cached tokens over tokens looked up, summed
+/// over engines; `None` before any lookup.
+fn vllm_prefix_hit_ratio(s: &Scrape) -> Option<f64> {
+    let queries = sum(s, "vllm:prefix_cache_queries_total")?;
+    let hits = sum(s, "vllm:prefix_cache_hits_total")?;
+    (queries > 0.0).then(|| (hits / queries).clamp(0.0, 1.0))
+}
+
 /// Largest usable value of `name`, capped at 1.
 fn max_ratio(s: &Scrape, name: &str) -> Option<f64> {
     s.series(name)
@@ -137,6 +151,20 @@ fn max_ratio(s: &Scrape, name: &str) -> Option<f64> {
 mod tests {
     use super::*;
     use crate::telemetry::tests::load;
+
+    #[test]
+    fn prefix_cache_hit_ratio_from_vllm_counters_and_sglang_gauge() {
+        let vllm = "vllm:prefix_cache_queries_total{engine=\"0\"} 300.0\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\"} 60.0\n\
+                    vllm:prefix_cache_queries_total{engine=\"1\"} 100.0\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\"} 40.0\n\
+                    vllm:num_requests_running{engine=\"0\"} 1.0\n";
+        let r = parse_server_load(ServerKind::Vllm, vllm).unwrap();
+        assert_eq!(r.server.unwrap().prefix_cache_hit_ratio, Some(0.25));
+        let sglang = "sglang:num_running_reqs 2\nsglang:cache_hit_rate 0.75\n";
+        let r = parse_server_load(ServerKind::Sglang, sglang).unwrap();
+        assert_eq!(r.server.unwrap().prefix_cache_hit_ratio, Some(0.75));
+    }
 
     #[test]
     fn sums_counts_and_takes_max_ratio_over_engines() {

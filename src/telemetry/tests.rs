@@ -20,6 +20,7 @@ pub(super) fn load(
         waiting,
         kv_cache_usage: kv,
         kv_capacity_tokens: None,
+        prefix_cache_hit_ratio: None,
     })
 }
 
@@ -46,7 +47,12 @@ fn vllm_v0_fixture_falls_back_to_gpu_cache_usage() {
 #[test]
 fn sglang_fixture() {
     let r = parse_server_load(ServerKind::Sglang, &fixture("sglang.prom")).expect("parses");
-    assert_eq!(r.server, load(Some(162.0), Some(2826.0), Some(0.28)));
+    let with_hits = load(Some(162.0), Some(2826.0), Some(0.28)).map(|l| ServerLoad {
+        // sglang:cache_hit_rate in the sample.
+        prefix_cache_hit_ratio: Some(0.007507552643049313),
+        ..l
+    });
+    assert_eq!(r.server, with_hits);
 }
 
 #[test]

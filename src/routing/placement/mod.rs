@@ -4,6 +4,7 @@
 mod earliest_finish;
 mod least_loaded;
 mod least_work;
+pub mod prefix_affinity;
 mod speed;
 mod speed_weighted;
 
@@ -26,6 +27,18 @@ pub struct Choice<'a> {
     pub tokens: u64,
     /// The class's mean estimated tokens per request; 0 when unknown.
     pub mean_tokens: u64,
+    /// What is known of the request's prompt prefix on each member, when the placement asked
+    /// ([`Placement::uses_prefix`]) and the prompt has one.
+    pub affinity: Option<Affinity>,
+}
+
+/// A prompt prefix as seen from each member of a pool, in member order.
+#[derive(Debug, Clone, Default)]
+pub struct Affinity {
+    /// Leading blocks of the prompt last sent to each member.
+    pub matched: Vec<u32>,
+    /// Each member's rendezvous score for the prompt's first block.
+    pub rendezvous: Vec<u64>,
 }
 
 impl Choice<'_> {
@@ -48,6 +61,11 @@ pub trait Placement: Send + Sync + Debug {
 
     /// Whether this policy reads measured service times; reading them costs a lock per class.
     fn uses_speeds(&self) -> bool {
+        false
+    }
+
+    /// Whether this policy reads (and feeds) the prompt prefix index.
+    fn uses_prefix(&self) -> bool {
         false
     }
 
@@ -77,5 +95,6 @@ pub fn build(kind: PlacementKind) -> Arc<dyn Placement> {
         PlacementKind::SpeedWeighted => Arc::new(speed_weighted::SpeedWeighted),
         PlacementKind::EarliestFinish => Arc::new(earliest_finish::EarliestFinish),
         PlacementKind::LeastWork => Arc::new(least_work::LeastWork),
+        PlacementKind::PrefixAffinity => Arc::new(prefix_affinity::PrefixAffinity),
     }
 }

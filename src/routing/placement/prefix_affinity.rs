@@ -1,0 +1,138 @@
+//! `prefix_affinity`: send a prompt to the backend that already holds the longest part of its
+//! prefix in its KV-cache, unless that backend is much busier than the least loaded one; when no
+//! backend has seen the prompt, choose among the least loaded by rendezvous hash of the prompt's
+//! first block, so independent gpulb replicas agree on its home.
+
+use super::{Choice, Placement};
+use crate::config::PlacementKind;
+use crate::routing::balance;
+use rand::RngCore;
+
+/// The home may carry this many more requests (per unit of weight) than the least loaded...
+pub const LOAD_SLACK: f64 = 4.0;
+/// ...and this many times its load, before the request goes to the least loaded instead.
+pub const LOAD_FACTOR: f64 = 1.5;
+
+/// Longest cached prefix first, within a bounded load; rendezvous for unseen prompts.
+#[derive(Debug)]
+pub struct PrefixAffinity;
+
+impl Placement for PrefixAffinity {
+    fn kind(&self) -> PlacementKind {
+        PlacementKind::PrefixAffinity
+    }
+
+    fn uses_prefix(&self) -> bool {
+        true
+    }
+
+    fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize> {
+        let candidates = &*choice.candidates;
+        let least = balance::pick(candidates, rng)?;
+        let Some(affinity) = &choice.affinity else {
+            return Some(least);
+        };
+        let available = |i: &usize| candidates[*i].available();
+        let home = (0..candidates.len())
+            .filter(available)
+            .filter(|&i| affinity.matched[i] > 0)
+            .max_by(|&a, &b| {
+                let by_match = affinity.matched[a].cmp(&affinity.matched[b]);
+                let by_load = candidates[b]
+                    .normalized_load()
+                    .total_cmp(&candidates[a].normalized_load());
+                by_match.then(by_load)
+            });
+        if let Some(home) = home {
+            let (home_load, least_load) = (
+                candidates[home].normalized_load(),
+                candidates[least].normalized_load(),
+            );
+            let overloaded =
+                home_load > least_load + LOAD_SLACK && home_load > least_load * LOAD_FACTOR;
+            return Some(if overloaded { least } else { home });
+        }
+        // Nobody has it: the rendezvous winner among the least loaded.
+        let lightest = candidates[least].normalized_load();
+        (0..candidates.len())
+            .filter(available)
+            .filter(|&i| candidates[i].normalized_load() <= lightest)
+            .max_by_key(|&i| affinity.rendezvous[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Affinity;
+    use super::*;
+    use crate::routing::balance::{Candidate, REFERENCE_SPEED};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn cand(load: u32) -> Candidate {
+        Candidate {
+            outstanding: load,
+            load,
+            weight: 1,
+            max_outstanding: 32,
+            eligible: true,
+            slowness_milli: REFERENCE_SPEED,
+            work_tokens: 0,
+            kv_free_tokens: None,
+        }
+    }
+
+    fn pick(loads: &[u32], matched: &[u32], rendezvous: &[u64]) -> Option<usize> {
+        let mut candidates: Vec<Candidate> = loads.iter().map(|&l| cand(l)).collect();
+        let choice = Choice {
+            candidates: &mut candidates,
+            speeds: None,
+            tokens: 0,
+            mean_tokens: 0,
+            affinity: Some(Affinity {
+                matched: matched.to_vec(),
+                rendezvous: rendezvous.to_vec(),
+            }),
+        };
+        PrefixAffinity.pick(&choice, &mut StdRng::seed_from_u64(1))
+    }
+
+    #[test]
+    fn the_longest_cached_prefix_wins_within_the_load_bound() {
+        // Backend 2 holds 6 blocks, backend 1 holds 3; both a little busier than backend 0.
+        assert_eq!(pick(&[0, 2, 3], &[0, 3, 6], &[9, 9, 9]), Some(2));
+        // Equal matches: the less loaded of the two homes.
+        assert_eq!(pick(&[0, 3, 2], &[0, 6, 6], &[9, 9, 9]), Some(2));
+    }
+
+    #[test]
+    fn an_overloaded_home_falls_back_to_the_least_loaded() {
+        // Home at 12 in flight against 2: more than 4 above and 1.5x: the least loaded.
+        assert_eq!(pick(&[2, 12], &[0, 8], &[0, 0]), Some(0));
+        // At 6 against 2 it is within the slack: the home keeps it.
+        assert_eq!(pick(&[2, 6], &[0, 8], &[0, 0]), Some(1));
+        // A full home is no home.
+        let mut candidates = vec![cand(1), cand(32)];
+        let choice = Choice {
+            candidates: &mut candidates,
+            speeds: None,
+            tokens: 0,
+            mean_tokens: 0,
+            affinity: Some(Affinity {
+                matched: vec![0, 5],
+                rendezvous: vec![0, 0],
+            }),
+        };
+        assert_eq!(
+            PrefixAffinity.pick(&choice, &mut StdRng::seed_from_u64(2)),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn an_unseen_prompt_goes_to_the_rendezvous_winner_among_the_least_loaded() {
+        assert_eq!(pick(&[1, 1, 1], &[0, 0, 0], &[5, 50, 7]), Some(1));
+        // The winner is busier: the best score among the least loaded instead.
+        assert_eq!(pick(&[1, 2, 1], &[0, 0, 0], &[5, 50, 7]), Some(2));
+    }
+}
