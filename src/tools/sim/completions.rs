@@ -26,14 +26,18 @@ pub(crate) async fn generate(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let greq = match openai::parse_request(&body, kind, sh.default_max_tokens, &sh.models) {
+    let mut greq = match openai::parse_request(&body, kind, sh.default_max_tokens, &sh.models) {
         Ok(g) => g,
         Err(RequestError::Invalid(msg)) => {
             return error(StatusCode::BAD_REQUEST, &msg, "invalid_request")
         }
         Err(RequestError::NotServed(e)) => return model_not_found(&e),
     };
-    let mut rx = match sh.engine.submit(greq.prompt_tokens, greq.max_tokens) {
+    let blocks = std::mem::take(&mut greq.prompt_blocks);
+    let mut rx = match sh
+        .engine
+        .submit(greq.prompt_tokens, blocks, greq.max_tokens)
+    {
         Ok(rx) => rx,
         Err(e @ SubmitError::TooLarge { .. }) => {
             return error(

@@ -8,6 +8,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::prefix::PrefixCache;
+
 /// Timing and capacity parameters of the simulated engine.
 #[derive(Clone, Debug)]
 pub(crate) struct EngineConfig {
@@ -15,12 +17,14 @@ pub(crate) struct EngineConfig {
     pub decode_step: Duration,
     /// Extra step time per additional running sequence.
     pub step_per_running: Duration,
-    /// Prefill cost per prompt token, paid in the admission step.
+    /// Prefill cost per uncached prompt token, paid in the admission step.
     pub prefill_per_token: Duration,
     /// Maximum number of concurrently running sequences.
     pub max_running: usize,
     /// KV budget in tokens (prompt + max_tokens summed over running sequences).
     pub kv_budget_tokens: usize,
+    /// Keep finished prompts' blocks in the free KV budget so later prompts skip their prefill.
+    pub prefix_caching: bool,
 }
 
 /// Why a sequence could not be submitted.
@@ -43,6 +47,10 @@ pub(crate) struct EngineState {
     pub prompt_tokens_total: AtomicU64,
     pub generation_tokens_total: AtomicU64,
     pub finished_total: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries_total: AtomicU64,
+    /// Prompt tokens found in the prefix cache (their prefill skipped).
+    pub prefix_hits_total: AtomicU64,
     /// Slow factor as f64 bits (1.0 = normal speed).
     slow_bits: AtomicU64,
 }
@@ -61,6 +69,8 @@ impl EngineState {
 
 struct Seq {
     prompt_tokens: usize,
+    /// Chained hashes of the prompt's full blocks.
+    blocks: Vec<u64>,
     max_tokens: u32,
     generated: u32,
     tx: mpsc::UnboundedSender<u32>,
@@ -101,10 +111,12 @@ impl Engine {
         self.budget
     }
 
-    /// Queues a sequence; the receiver yields token indices 0..max_tokens, then closes.
+    /// Queues a sequence (`blocks`: its prompt's block hashes); the receiver yields token
+    /// indices 0..max_tokens, then closes.
     pub fn submit(
         &self,
         prompt_tokens: usize,
+        blocks: Vec<u64>,
         max_tokens: u32,
     ) -> Result<mpsc::UnboundedReceiver<u32>, SubmitError> {
         let prompt_tokens = prompt_tokens.max(1);
@@ -119,6 +131,7 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let seq = Seq {
             prompt_tokens,
+            blocks,
             max_tokens,
             generated: 0,
             tx,
@@ -129,6 +142,52 @@ impl Engine {
             return Err(SubmitError::Closed);
         }
         Ok(rx)
+    }
+}
+
+/// KV held by the running batch, with the prefix cache living in what it leaves free.
+struct Kv {
+    budget: usize,
+    used: usize,
+    cache: Option<PrefixCache>,
+}
+
+impl Kv {
+    fn new(cfg: &EngineConfig) -> Self {
+        let budget = cfg.kv_budget_tokens;
+        let cache = cfg.prefix_caching.then(|| PrefixCache::new(budget));
+        Kv {
+            budget,
+            used: 0,
+            cache,
+        }
+    }
+
+    fn fits(&self, seq: &Seq) -> bool {
+        self.used + seq.need() <= self.budget
+    }
+
+    /// Reserves an admitted sequence's KV; returns the prompt tokens it must prefill.
+    fn admit(&mut self, seq: &Seq, st: &EngineState) -> usize {
+        self.used += seq.need();
+        let Some(cache) = self.cache.as_mut() else {
+            return seq.prompt_tokens;
+        };
+        let cached = cache.acquire(&seq.blocks, seq.prompt_tokens);
+        cache.evict_to_fit(self.used);
+        st.prefix_queries_total
+            .fetch_add(seq.prompt_tokens as u64, Ordering::Relaxed);
+        st.prefix_hits_total
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        seq.prompt_tokens - cached
+    }
+
+    /// Frees a finished or abandoned sequence's KV; its blocks stay cached.
+    fn free(&mut self, seq: &Seq) {
+        self.used -= seq.need();
+        if let Some(cache) = self.cache.as_mut() {
+            cache.release(&seq.blocks);
+        }
     }
 }
 
@@ -144,7 +203,7 @@ fn step_time(cfg: &EngineConfig, running: usize, prefill_tokens: usize, slow: f6
 async fn step_loop(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Seq>, st: Arc<EngineState>) {
     let mut waiting: VecDeque<Seq> = VecDeque::new();
     let mut running: Vec<Seq> = Vec::new();
-    let mut kv_used = 0usize;
+    let mut kv = Kv::new(&cfg);
     loop {
         if running.is_empty() && waiting.is_empty() {
             match rx.recv().await {
@@ -159,7 +218,7 @@ async fn step_loop(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Seq>, st: 
         running.retain(|s| {
             let keep = !s.tx.is_closed();
             if !keep {
-                kv_used -= s.need();
+                kv.free(s);
             }
             keep
         });
@@ -170,21 +229,20 @@ async fn step_loop(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Seq>, st: 
         // Admit in FIFO order while slots and KV allow.
         let mut prefill = 0usize;
         while let Some(front) = waiting.front() {
-            if running.len() >= cfg.max_running || kv_used + front.need() > cfg.kv_budget_tokens {
+            if running.len() >= cfg.max_running || !kv.fits(front) {
                 break;
             }
             let Some(seq) = waiting.pop_front() else {
                 break;
             };
-            kv_used += seq.need();
-            prefill += seq.prompt_tokens;
+            prefill += kv.admit(&seq, &st);
             st.waiting.fetch_sub(1, Ordering::Relaxed);
             st.prompt_tokens_total
                 .fetch_add(seq.prompt_tokens as u64, Ordering::Relaxed);
             running.push(seq);
         }
         st.running.store(running.len(), Ordering::Relaxed);
-        st.kv_used.store(kv_used, Ordering::Relaxed);
+        st.kv_used.store(kv.used, Ordering::Relaxed);
         if running.is_empty() {
             continue;
         }
@@ -199,7 +257,7 @@ async fn step_loop(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Seq>, st: 
             }
             let keep = sent && s.generated < s.max_tokens;
             if !keep {
-                kv_used -= s.need();
+                kv.free(s);
                 if sent {
                     st.finished_total.fetch_add(1, Ordering::Relaxed);
                 }
@@ -209,7 +267,7 @@ async fn step_loop(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Seq>, st: 
         st.generation_tokens_total
             .fetch_add(emitted, Ordering::Relaxed);
         st.running.store(running.len(), Ordering::Relaxed);
-        st.kv_used.store(kv_used, Ordering::Relaxed);
+        st.kv_used.store(kv.used, Ordering::Relaxed);
     }
 }
 

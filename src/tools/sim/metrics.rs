@@ -32,8 +32,10 @@ pub(crate) fn render(model_name: &str, st: &EngineState, kv_budget: usize) -> St
     let prompt = st.prompt_tokens_total.load(Ordering::Relaxed) as f64;
     let gen = st.generation_tokens_total.load(Ordering::Relaxed) as f64;
     let finished = st.finished_total.load(Ordering::Relaxed) as f64;
-    let mut out = String::with_capacity(1536);
-    let metrics: [(&str, &str, &str, f64); 5] = [
+    let queries = st.prefix_queries_total.load(Ordering::Relaxed) as f64;
+    let hits = st.prefix_hits_total.load(Ordering::Relaxed) as f64;
+    let mut out = String::with_capacity(2048);
+    let metrics: [(&str, &str, &str, f64); 7] = [
         (
             "num_requests_running",
             "gauge",
@@ -51,6 +53,18 @@ pub(crate) fn render(model_name: &str, st: &EngineState, kv_budget: usize) -> St
             "gauge",
             "KV-cache usage. 1 means 100 percent usage.",
             kv,
+        ),
+        (
+            "prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            queries,
+        ),
+        (
+            "prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            hits,
         ),
         (
             "prompt_tokens_total",
@@ -115,5 +129,27 @@ mod tests {
             text.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"w\\\"1\"} 0.25\n")
         );
         assert!(text.contains("# TYPE vllm:generation_tokens_total counter\n"));
+    }
+
+    #[test]
+    fn renders_prefix_cache_counters_like_vllm() {
+        let st = EngineState::default();
+        st.prefix_queries_total.store(96, Ordering::Relaxed);
+        st.prefix_hits_total.store(64, Ordering::Relaxed);
+        let text = render("w", &st, 100);
+        for (name, help, value) in [
+            (
+                "queries",
+                "queries, in terms of number of queried tokens.",
+                "96.0",
+            ),
+            ("hits", "hits, in terms of number of cached tokens.", "64.0"),
+        ] {
+            let series = format!("vllm:prefix_cache_{name}_total");
+            assert!(text.contains(&format!("# HELP {series} Prefix cache {help}\n")));
+            assert!(text.contains(&format!("# TYPE {series} counter\n")));
+            let line = format!("{series}{{engine=\"0\",model_name=\"w\"}} {value}\n");
+            assert!(text.contains(&line), "{line} missing from\n{text}");
+        }
     }
 }

@@ -12,6 +12,7 @@ mod metrics;
 mod model_tests;
 mod models;
 mod openai;
+mod prefix;
 #[cfg(test)]
 mod tests;
 
@@ -44,7 +45,8 @@ pub struct WorkerProfile {
     pub decode_step: Duration,
     /// Added to the step time for each extra running sequence.
     pub step_per_running: Duration,
-    /// Prefill cost per prompt token, paid in the step where a sequence joins.
+    /// Prefill cost per prompt token not found in the prefix cache, paid in the step where a
+    /// sequence joins.
     pub prefill_per_token: Duration,
     /// At most this many sequences run at once.
     pub max_running: usize,
@@ -61,6 +63,9 @@ pub struct WorkerProfile {
     /// Answer a request naming a model not in `models` with 404, as vLLM does. Off by default,
     /// so clients that send any model name are served under it.
     pub strict_models: bool,
+    /// Automatic prefix caching like vLLM's: finished prompts' 16-token blocks stay cached in
+    /// the free KV budget (LRU), and a prompt's cached leading blocks skip prefill. On by default.
+    pub prefix_caching: bool,
 }
 
 impl WorkerProfile {
@@ -78,6 +83,7 @@ impl WorkerProfile {
             gpu_uuid: None,
             models: vec![openai::DEFAULT_MODEL.to_string()],
             strict_models: false,
+            prefix_caching: true,
         }
     }
 
@@ -126,6 +132,10 @@ pub struct SimStats {
     pub waiting: usize,
     /// Requests to `/health`, `/metrics` and `/dcgm/metrics` (kept apart so probes do not skew load counts).
     pub control_total: u64,
+    /// Prompt tokens looked up in the prefix cache (`vllm:prefix_cache_queries_total`).
+    pub prefix_cache_queries_total: u64,
+    /// Prompt tokens found in the prefix cache, whose prefill was skipped (`vllm:prefix_cache_hits_total`).
+    pub prefix_cache_hits_total: u64,
 }
 
 /// A running simulated worker; dropping it stops all of its tasks.
@@ -149,6 +159,7 @@ impl SimWorker {
             prefill_per_token: profile.prefill_per_token,
             max_running: profile.max_running.max(1),
             kv_budget_tokens: profile.kv_budget_tokens,
+            prefix_caching: profile.prefix_caching,
         });
         let (ctl, ctl_rx) = watch::channel(Mode::Running);
         let (done_tx, done) = watch::channel(false);
@@ -255,6 +266,8 @@ impl SimWorker {
             running: st.running.load(Ordering::Relaxed),
             waiting: st.waiting.load(Ordering::Relaxed),
             control_total: self.shared.control.load(Ordering::Relaxed),
+            prefix_cache_queries_total: st.prefix_queries_total.load(Ordering::Relaxed),
+            prefix_cache_hits_total: st.prefix_hits_total.load(Ordering::Relaxed),
         }
     }
 

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::models::{NotServed, ServedModels};
+use super::prefix;
 
 /// Model a worker serves unless its profile names others.
 pub(crate) const DEFAULT_MODEL: &str = "sim-model";
@@ -36,6 +37,8 @@ pub(crate) struct GenRequest {
     pub model: String,
     /// Prompt length in tokens (ceil(chars / 4), at least 1).
     pub prompt_tokens: usize,
+    /// Chained hashes of the prompt's full 16-token blocks, for the prefix cache.
+    pub prompt_blocks: Vec<u64>,
     /// Tokens to generate.
     pub max_tokens: u32,
     /// Whether to answer with server-sent events.
@@ -84,6 +87,7 @@ pub(crate) fn parse_request(
     Ok(GenRequest {
         model: models.resolve(raw.model).map_err(RequestError::NotServed)?,
         prompt_tokens: count_tokens(&text),
+        prompt_blocks: prefix::block_hashes(&text),
         max_tokens: raw
             .max_tokens
             .or(raw.max_completion_tokens)

@@ -21,6 +21,13 @@ pub(super) async fn get_json(c: &reqwest::Client, url: String) -> Value {
         .unwrap()
 }
 
+/// POSTs `body` as JSON to `url` and reads the answer as JSON, within the step limit.
+pub(super) async fn post_json(c: &reqwest::Client, url: String, body: &Value) -> Value {
+    within(async { c.post(url).json(body).send().await?.json().await })
+        .await
+        .unwrap()
+}
+
 pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -57,14 +64,7 @@ async fn completion_and_chat_shapes() {
     assert!(v["id"].is_string() && v["created"].is_u64());
 
     let body = json!({"messages": [{"role": "user", "content": "hi"}]});
-    let r = within(
-        c.post(format!("{}/v1/chat/completions", w.url()))
-            .json(&body)
-            .send(),
-    )
-    .await
-    .unwrap();
-    let v: Value = within(r.json()).await.unwrap();
+    let v = post_json(&c, format!("{}/v1/chat/completions", w.url()), &body).await;
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     assert_eq!(v["usage"]["completion_tokens"], 16);
@@ -213,4 +213,34 @@ async fn errors_have_openai_shape() {
     assert_eq!(r.headers()["x-sim-worker"], "x");
     let v = get_json(&c, format!("{}/sleep/20", w.url())).await;
     assert_eq!(v, json!({"worker": "x", "slept_ms": 20}));
+}
+
+#[tokio::test]
+async fn chat_and_completion_share_the_prefix_cache() {
+    let w = worker("p").await;
+    let c = client();
+    // 300 characters: 75 tokens, of which 4 full blocks (64 tokens) can be cached.
+    let prompt: String = (0..300)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let body = json!({"prompt": prompt, "max_tokens": 1});
+    let v = post_json(&c, format!("{}/v1/completions", w.url()), &body).await;
+    assert_eq!(v["usage"]["prompt_tokens"], 75);
+    // The same text split over two messages is the same prompt.
+    let (head, tail) = prompt.split_at(100);
+    let body = json!({"max_tokens": 1, "messages": [
+        {"role": "system", "content": head}, {"role": "user", "content": tail}]});
+    let v = post_json(&c, format!("{}/v1/chat/completions", w.url()), &body).await;
+    assert_eq!(v["usage"]["prompt_tokens"], 75);
+    let s = w.stats();
+    assert_eq!(
+        (s.prefix_cache_queries_total, s.prefix_cache_hits_total),
+        (150, 64)
+    );
+    let r = within(c.get(format!("{}/metrics", w.url())).send())
+        .await
+        .unwrap();
+    let text = within(r.text()).await.unwrap();
+    assert!(text.contains("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"p\"} 150.0\n"));
+    assert!(text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"p\"} 64.0\n"));
 }
