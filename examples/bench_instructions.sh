@@ -15,6 +15,11 @@
 # BACKENDS=N lists the fast backend N times under different names (gpulb scores every member of
 # the pool per request); PLACEMENT=least_loaded|speed_weighted|earliest_finish sets the class's
 # placement (unset: the config has no pools or classes, gpulb's defaults).
+# Request bodies: BODY_BYTES="1024 262144" POSTs a JSON completion body of exactly that many
+# bytes (its prompt padded), one set of rows per size (unset: a 45-byte body); BODY_READ="on
+# off" measures each gpulb binary with body reading on (gpulb's default `request_body`, which
+# reads and parses /v1/completions bodies before routing) and off (`request_body: {paths: []}`),
+# one row each, plus a line with what reading costs (default: on only).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +27,11 @@ N1=${N1:-500}
 N2=${N2:-2500}
 BACKENDS=${BACKENDS:-1}
 PLACEMENT=${PLACEMENT:-}
+BODY_BYTES=${BODY_BYTES:-}
+BODY_READ=${BODY_READ:-on}
+for read in $BODY_READ; do
+    [[ $read == on || $read == off ]] || { echo "BODY_READ: on and/or off, not $read" >&2; exit 1; }
+done
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-instr.XXXXXX")
 chmod 755 "$TMP"
 PIDS=()
@@ -51,11 +61,18 @@ wait_port() {
     return 1
 }
 
-# One keep-alive client sending N small POSTs, checking every answer is 200.
+# One keep-alive client sending N POSTs of a completion body of SIZE bytes (0: the 45-byte
+# one), checking every answer is 200.
 cat >"$TMP/load.py" <<'PY'
 import http.client, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
+port, n, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 body = b'{"model":"m","prompt":"hello","max_tokens":8}'
+if size:
+    head, tail = b'{"model":"m","max_tokens":8,"prompt":"', b'"}'
+    pad = size - len(head) - len(tail)
+    if pad < 0:
+        sys.exit(f"BODY_BYTES {size} is below the smallest body, {len(head) + len(tail)}")
+    body = head + (b"lorem ipsum dolor sit amet " * (pad // 27 + 1))[:pad] + tail
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 for _ in range(n):
     conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
@@ -78,7 +95,7 @@ count() {
     local out="$TMP/callgrind.$n.out" log="$TMP/proxy.$n.log"
     valgrind --tool=callgrind --trace-children=no --callgrind-out-file="$out" "$@" >"$log" 2>&1 &
     local pid=$!
-    if ! wait_port "$PORT" || ! python3 "$TMP/load.py" "$PORT" "$n"; then
+    if ! wait_port "$PORT" || ! python3 "$TMP/load.py" "$PORT" "$n" "$SIZE"; then
         kill -INT "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
         echo "$* failed; its output:" >&2
@@ -97,36 +114,58 @@ per_request() {
     echo $(((b - a) / (N2 - N1)))
 }
 
-echo "| target | instructions per request |"
-echo "|---|---:|"
-for bin in "$@"; do
-    PORT=$(free_port)
-    {
-        echo "listen: 127.0.0.1:$PORT"
-        echo "threads: 1"
-        echo "shutdown_timeout: 1s"
-        echo "health_check: {enabled: false}"
-        echo "access_log: {enabled: false}"
-        echo "backends:"
-        for i in $(seq 0 $((BACKENDS - 1))); do
-            echo "  - {name: fast$i, url: \"http://127.0.0.1:$BACKEND_PORT\", max_outstanding: 4096}"
+# gpulb's config for this run: $PORT, $BACKENDS fast backends, $PLACEMENT, body reading $1.
+gpulb_config() {
+    echo "listen: 127.0.0.1:$PORT"
+    echo "threads: 1"
+    echo "shutdown_timeout: 1s"
+    echo "health_check: {enabled: false}"
+    echo "access_log: {enabled: false}"
+    if [ "$1" = off ]; then
+        echo "request_body: {paths: []}"
+    fi
+    echo "backends:"
+    for i in $(seq 0 $((BACKENDS - 1))); do
+        echo "  - {name: fast$i, url: \"http://127.0.0.1:$BACKEND_PORT\", max_outstanding: 4096}"
+    done
+    if [ -n "$PLACEMENT" ]; then
+        echo "pools: [{name: all, backends: [$(seq -s, -f 'fast%g' 0 $((BACKENDS - 1)))]}]"
+        echo "classes: [{name: all, pool: all, placement: $PLACEMENT}]"
+    fi
+}
+
+echo "| target | body bytes | body read | instructions per request |"
+echo "|---|---:|---|---:|"
+NOTES=()
+for SIZE in ${BODY_BYTES:-0}; do
+    size_label=$SIZE
+    [ "$SIZE" = 0 ] && size_label=45
+    for bin in "$@"; do
+        declare -A IR=()
+        for read in $BODY_READ; do
+            PORT=$(free_port)
+            gpulb_config "$read" >"$TMP/gpulb.yaml"
+            IR[$read]=$(RUST_LOG=warn per_request "$bin" serve --config "$TMP/gpulb.yaml")
+            echo "| gpulb \`$bin\` | $size_label | $read | ${IR[$read]} |"
         done
-        if [ -n "$PLACEMENT" ]; then
-            echo "pools: [{name: all, backends: [$(seq -s, -f 'fast%g' 0 $((BACKENDS - 1)))]}]"
-            echo "classes: [{name: all, pool: all, placement: $PLACEMENT}]"
+        if [ -n "${IR[on]:-}" ] && [ -n "${IR[off]:-}" ]; then
+            NOTES+=("- gpulb \`$bin\`, $size_label-byte body: reading it costs $((IR[on] - IR[off])) instructions per request, $(awk -v a="${IR[on]}" -v b="${IR[off]}" 'BEGIN { printf "%+.1f%%", (a / b - 1) * 100 }') over body reading off")
         fi
-    } >"$TMP/gpulb.yaml"
-    ir=$(RUST_LOG=warn per_request "$bin" serve --config "$TMP/gpulb.yaml")
-    echo "| gpulb \`$bin\` | $ir |"
+        unset IR
+    done
+    if command -v nginx >/dev/null; then
+        PORT=$(free_port)
+        mkdir -p "$TMP/nginx"
+        sed -e "s|@LISTEN@|127.0.0.1:$PORT|g" -e "s|@BACKEND@|127.0.0.1:$BACKEND_PORT|g" \
+            -e "s|@THREADS@|1|g" -e "s|@DIR@|$TMP/nginx|g" -e "s|@USER@|$(id -un)|g" \
+            "$ROOT/examples/bench/nginx.conf.in" >"$TMP/nginx/nginx.conf"
+        ir=$(per_request nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off; master_process off;')
+        echo "| nginx $(nginx -v 2>&1 | sed 's/nginx version: //') | $size_label | - | $ir |"
+    fi
 done
-if command -v nginx >/dev/null; then
-    PORT=$(free_port)
-    mkdir -p "$TMP/nginx"
-    sed -e "s|@LISTEN@|127.0.0.1:$PORT|g" -e "s|@BACKEND@|127.0.0.1:$BACKEND_PORT|g" \
-        -e "s|@THREADS@|1|g" -e "s|@DIR@|$TMP/nginx|g" -e "s|@USER@|$(id -un)|g" \
-        "$ROOT/examples/bench/nginx.conf.in" >"$TMP/nginx/nginx.conf"
-    ir=$(per_request nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off; master_process off;')
-    echo "| nginx $(nginx -v 2>&1 | sed 's/nginx version: //') | $ir |"
+if [ ${#NOTES[@]} -gt 0 ]; then
+    echo
+    printf '%s\n' "${NOTES[@]}"
 fi
 echo
-echo "command: $0 $*; N1=$N1 N2=$N2 BACKENDS=$BACKENDS PLACEMENT=${PLACEMENT:-(default)}; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"
+echo "command: $0 $*; N1=$N1 N2=$N2 BACKENDS=$BACKENDS PLACEMENT=${PLACEMENT:-(default)} BODY_BYTES=${BODY_BYTES:-(45)} BODY_READ=\"$BODY_READ\"; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"

@@ -2,6 +2,8 @@
 # Proxy-overhead benchmark: the same wrk load, in one run, against
 #   direct   the fast backend itself (examples/fast_backend.rs): the physical limit here
 #   gpulb    target/release/gpulb serve, one backend, threads = PROXY_THREADS
+#   gpulb-nobody  the same with body reading off (`request_body: {paths: []}`); not a default
+#            target: TARGETS="direct gpulb gpulb-nobody nginx" shows what reading costs
 #   nginx    reverse proxy, worker_processes = PROXY_THREADS, upstream keepalive 64
 #   haproxy  mode http, nbthread = PROXY_THREADS (skipped when haproxy is not installed)
 # and prints a markdown table (req/s, p50, p99, each as a ratio to direct, CPU per request).
@@ -16,6 +18,8 @@
 #                    HAProxy nbthread): the same core budget for each
 #   BACKEND_THREADS=1  tokio worker threads of the fast backend
 #   TARGETS="direct gpulb nginx haproxy"   which targets, in this order each round
+#   BODY_BYTES=N     POST a completion body of exactly N bytes (its prompt padded) instead of
+#                    post.lua's 66-byte one
 #   SKIP_BUILD=1     use the existing release binaries
 #   KEEP_TMP=1       keep the temp dir (configs, raw wrk output, logs) and print its path
 #   RESULTS=FILE     also write the report to FILE
@@ -31,6 +35,7 @@ ROUNDS=${ROUNDS:-3}
 PROXY_THREADS=${PROXY_THREADS:-1}
 BACKEND_THREADS=${BACKEND_THREADS:-1}
 TARGETS=${TARGETS:-direct gpulb nginx haproxy}
+BODY_BYTES=${BODY_BYTES:-}
 WRK_PATH=/v1/completions
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -173,12 +178,15 @@ for target in $TARGETS; do
         direct)
             ADDR[direct]=$BACKEND PID[direct]=""
             ;;
-        gpulb)
+        gpulb | gpulb-nobody)
             port=$(free_port)
-            fill "$BENCH_DIR/gpulb.yaml.in" "$TMP" "127.0.0.1:$port" >"$TMP/gpulb.yaml"
-            RUST_LOG=warn "$GPULB_BIN" serve --config "$TMP/gpulb.yaml" >"$TMP/gpulb.log" 2>&1 &
-            PID[gpulb]=$! ADDR[gpulb]=127.0.0.1:$port
-            PIDS+=("${PID[gpulb]}")
+            fill "$BENCH_DIR/gpulb.yaml.in" "$TMP" "127.0.0.1:$port" >"$TMP/$target.yaml"
+            if [[ $target == gpulb-nobody ]]; then
+                echo "request_body: {paths: []}  # body reading off" >>"$TMP/$target.yaml"
+            fi
+            RUST_LOG=warn "$GPULB_BIN" serve --config "$TMP/$target.yaml" >"$TMP/$target.log" 2>&1 &
+            PID[$target]=$! ADDR[$target]=127.0.0.1:$port
+            PIDS+=("${PID[$target]}")
             ;;
         nginx)
             command -v nginx >/dev/null || { log "nginx not installed: skipped"; continue; }
@@ -199,7 +207,7 @@ for target in $TARGETS; do
             PID[haproxy]=$! ADDR[haproxy]=127.0.0.1:$port
             PIDS+=("${PID[haproxy]}")
             ;;
-        *) die "unknown target $target (known: direct gpulb nginx haproxy)" ;;
+        *) die "unknown target $target (known: direct gpulb gpulb-nobody nginx haproxy)" ;;
     esac
     if [[ -n ${PID[$target]} ]]; then
         wait_ready "${ADDR[$target]}" "$target" "${PID[$target]}"
@@ -212,8 +220,24 @@ done
 # ---------------------------------------------------------------- measure
 WRK_LIMIT=$(($(seconds "$DURATION") + 30))
 WARM_LIMIT=$(($(seconds "$WARMUP") + 30))
-WRK_ARGS=(-t"$WRK_THREADS" -c"$WRK_CONNS" --latency --timeout 5s -s "$BENCH_DIR/post.lua")
-wrk_cmd() { echo "wrk -t$WRK_THREADS -c$WRK_CONNS -d$1 --latency --timeout 5s -s examples/bench/post.lua http://ADDR$WRK_PATH"; }
+LUA=$BENCH_DIR/post.lua LUA_SHOWN=examples/bench/post.lua
+if [[ -n $BODY_BYTES ]]; then
+    # post.lua with its body replaced by a completion body of exactly BODY_BYTES bytes.
+    python3 - "$BODY_BYTES" "$LUA" >"$TMP/post.lua" <<'PY' || die "cannot make a $BODY_BYTES-byte body"
+import sys
+size, lua = int(sys.argv[1]), open(sys.argv[2]).read()
+head, tail = '{"model":"bench","max_tokens":1,"stream":false,"prompt":"', '"}'
+pad = size - len(head) - len(tail)
+if pad < 0:
+    sys.exit(f"BODY_BYTES below {len(head) + len(tail)}")
+body = head + ("lorem ipsum dolor sit amet " * (pad // 27 + 1))[:pad] + tail
+lines = [f"wrk.body = '{body}'" if l.startswith("wrk.body") else l for l in lua.splitlines()]
+print("\n".join(lines))
+PY
+    LUA=$TMP/post.lua LUA_SHOWN="examples/bench/post.lua with a $BODY_BYTES-byte wrk.body"
+fi
+WRK_ARGS=(-t"$WRK_THREADS" -c"$WRK_CONNS" --latency --timeout 5s -s "$LUA")
+wrk_cmd() { echo "wrk -t$WRK_THREADS -c$WRK_CONNS -d$1 --latency --timeout 5s -s $LUA_SHOWN http://ADDR$WRK_PATH"; }
 
 # Runs wrk in the background and waits, so that a signal reaches the trap at once.
 # A wrapper shell reports wrk's own CPU time (bash `times`, children line) to $4.times.
@@ -296,7 +320,7 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
 {
     echo "### Proxy overhead: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
+    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
     echo "- load, each target: \`$(wrk_cmd "$DURATION")\` after a \`-d$WARMUP\` warm-up; $ROUNDS interleaved round(s)"
     echo "- machine: nproc $(nproc), $cpu_model, $(uname -sr), load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- versions: gpulb $rev, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
@@ -315,6 +339,15 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
             'BEGIN { printf "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %d | %d |\n",
                 t, rps, p50, p99, rps / d_rps, p50 / d_p50, p99 / d_p99, pcpu, bcpu, wcpu, sq, other, conns, errs }'
     done
+    if [[ -n ${ADDR[gpulb]:-} && -n ${ADDR[gpulb-nobody]:-} ]]; then
+        read -r g_rps g_p50 g_p99 _ g_cpu _ <<<"$(fig gpulb "$(median_round gpulb)")"
+        read -r n_rps n_p50 n_p99 _ n_cpu _ <<<"$(fig gpulb-nobody "$(median_round gpulb-nobody)")"
+        echo
+        awk -v a="$g_rps" -v b="$n_rps" -v c="$g_p50" -v d="$n_p50" -v e="$g_p99" -v f="$n_p99" \
+            -v g="$g_cpu" -v h="$n_cpu" 'BEGIN {
+            printf "gpulb (body read) vs gpulb-nobody (median runs): req/s %.3fx, p50 %.3fx, p99 %.3fx, proxy CPU µs/req %.3fx\n",
+                a / b, c / d, e / f, g / h }'
+    fi
     echo
     echo "Every run (req/s, p50 ms, p99 ms, proxy CPU µs/req, other CPU %):"
     echo

@@ -74,13 +74,15 @@ pub fn body(req: &Req) -> String {
     .to_string()
 }
 
-/// Sends `req` (scheduled at `scheduled`) to `base` and measures it.
+/// Sends `req` (scheduled at `scheduled`) to `base` and measures it; an interactive request
+/// carries `x-priority: interactive` when `priority_header` is set.
 pub async fn send(
     client: &reqwest::Client,
     base: &str,
     index: usize,
     req: &Req,
     body: String,
+    priority_header: bool,
     scheduled: Instant,
 ) -> Outcome {
     let lateness = Instant::now()
@@ -97,7 +99,7 @@ pub async fn send(
         .header("content-type", "application/json")
         .header("x-tenant", req.tenant)
         .body(body);
-    if req.class == Class::Interactive {
+    if priority_header && req.class == Class::Interactive {
         rb = rb.header("x-priority", "interactive");
     }
     let resp = match rb.send().await {

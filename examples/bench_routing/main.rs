@@ -6,6 +6,7 @@
 //! cargo build --release --bin gpulb --examples
 //! target/release/examples/bench_routing                 # defaults: seed 1, 30 s trace, 5 targets
 //! target/release/examples/bench_routing --seed 2 --targets gpulb,haproxy-lc
+//! target/release/examples/bench_routing --targets gpulb,gpulb-body   # header vs body classes
 //! target/release/examples/bench_routing --help          # every knob
 //! ```
 //! or `examples/bench_routing.sh` (build + run over several seeds).
@@ -16,7 +17,9 @@
 //!    timings slowed down (`--decode-ms` ...) so the fleet, not this harness, is the bottleneck;
 //! 2. generates the trace from `--seed`: Poisson arrivals of interactive (streaming chat,
 //!    `x-priority: interactive`, three tenants 6:3:1) and bulk (long non-streaming completions)
-//!    requests, both rates multiplied by `--burst-factor` inside burst windows;
+//!    requests, both rates multiplied by `--burst-factor` inside burst windows; the gpulb-body
+//!    target gets the same requests without the `x-priority` header, and tells the classes
+//!    apart from the JSON body (`--body-match`);
 //! 3. for each target in turn: writes its config into the run directory, starts it as a child
 //!    process (own process group, killed by a guard on every exit path), waits until it answers
 //!    and the fleet is idle, replays the trace open loop (one task per request, launched at its
@@ -111,7 +114,9 @@ struct Args {
     #[arg(long, default_value_t = 16384)]
     kv_tokens: usize,
 
-    /// Targets, in run order: gpulb, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio.
+    /// Targets, in run order: gpulb, gpulb-body, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc,
+    /// haproxy-prio. gpulb-body is gpulb with classes chosen from the body only (no
+    /// `x-priority` header sent; the interactive class matches `--body-match`).
     #[arg(
         long,
         value_delimiter = ',',
@@ -168,7 +173,12 @@ struct Args {
     /// Turn gpulb's access log on (written to DIR/seed-N/gpulb.log; off by default for parity).
     #[arg(long)]
     gpulb_access_log: bool,
-    /// Use this gpulb config instead of the generated one; {LISTEN} {ADMIN} {THREADS} {URL0}..
+    /// gpulb-body's interactive class `match` (YAML flow mapping of body rules). Interactive
+    /// requests are streaming chats with max_tokens in --interactive-tokens, bulk ones
+    /// non-streaming completions with max_tokens in --bulk-tokens.
+    #[arg(long, default_value = "{stream: true, max_tokens: {max: 100}}")]
+    body_match: String,
+    /// Use this gpulb config instead of the generated one (for gpulb-body too, as written); {LISTEN} {ADMIN} {THREADS} {URL0}..
     /// are replaced.
     #[arg(long)]
     gpulb_config: Option<PathBuf>,

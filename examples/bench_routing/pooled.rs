@@ -4,7 +4,7 @@
 //! its last bulk completion, so single runs swing widely. Pooling the seeds gives a p99 over
 //! every interactive request of the scenario and a completed/s over the summed spans.
 
-use crate::report::pct;
+use crate::report::{is_gpulb, pct};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -99,11 +99,12 @@ impl Figures {
     }
 }
 
-/// gpulb's ratios against the best baseline of `figures` (target name -> figures): interactive
-/// p99 TTFT (lower is better), bulk completed/s and bulk mean E2E, with the baselines' names.
-fn ratios(figures: &BTreeMap<String, Figures>) -> Option<[(f64, String); 3]> {
-    let g = figures.get("gpulb")?;
-    let peers = figures.iter().filter(|(n, _)| *n != "gpulb");
+/// gpulb variant `name`'s ratios against the best baseline of `figures` (target name ->
+/// figures; every gpulb variant is left out of the baselines): interactive p99 TTFT (lower is
+/// better), bulk completed/s and bulk mean E2E, with the baselines' names.
+fn ratios(figures: &BTreeMap<String, Figures>, name: &str) -> Option<[(f64, String); 3]> {
+    let g = figures.get(name)?;
+    let peers = figures.iter().filter(|(n, _)| !is_gpulb(n));
     let best = |key: &dyn Fn(&Figures) -> f64, lower: bool| {
         peers
             .clone()
@@ -195,54 +196,135 @@ pub fn report(dir: &Path) -> Result<String, String> {
             f.bulk_e2e_mean()
         );
     }
-    let Some([(ti, ti_by), (tb, tb_by), (tm, tm_by)]) = ratios(&pooled) else {
-        return Ok(t); // no gpulb or no baseline: nothing to judge
+    for name in pooled.keys().filter(|n| is_gpulb(n)) {
+        against_baselines(&mut t, name, &pooled, &per_seed);
+    }
+    if pooled.contains_key("gpulb") {
+        for name in pooled.keys().filter(|n| is_gpulb(n) && *n != "gpulb") {
+            against_gpulb(&mut t, name, &pooled, &per_seed);
+        }
+    }
+    Ok(t)
+}
+
+/// Per-seed figures: (seed-N label, target name -> figures).
+type PerSeed = [(String, BTreeMap<String, Figures>)];
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "MET"
+    } else {
+        "NOT MET"
+    }
+}
+
+fn list(ratios: &[f64]) -> String {
+    ratios
+        .iter()
+        .map(|r| format!("{r:.3}x"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// gpulb variant `name` against the best baseline, pooled and per run (nothing without a
+/// baseline).
+fn against_baselines(
+    t: &mut String,
+    name: &str,
+    pooled: &BTreeMap<String, Figures>,
+    per_seed: &PerSeed,
+) {
+    let Some([(ti, ti_by), (tb, tb_by), (tm, tm_by)]) = ratios(pooled, name) else {
+        return;
     };
-    let verdict = |met: bool| if met { "MET" } else { "NOT MET" };
-    let per_run: Vec<[(f64, String); 3]> = per_seed.iter().filter_map(|(_, f)| ratios(f)).collect();
+    let per_run: Vec<[(f64, String); 3]> = per_seed
+        .iter()
+        .filter_map(|(_, f)| ratios(f, name))
+        .collect();
     let count =
         |i: usize, met: &dyn Fn(f64) -> bool| per_run.iter().filter(|r| met(r[i].0)).count();
-    let list = |i: usize| {
-        per_run
-            .iter()
-            .map(|r| format!("{:.3}x", r[i].0))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let _ = writeln!(t, "\nAgainst the target, pooled:\n");
+    let column = |i: usize| list(&per_run.iter().map(|r| r[i].0).collect::<Vec<_>>());
+    let _ = writeln!(t, "\n{name} against the target, pooled:\n");
     let _ = writeln!(
         t,
-        "- interactive p99 TTFT: gpulb {:.3}x of the best baseline ({ti_by}) (target <= 0.5x): {}",
+        "- interactive p99 TTFT: {name} {:.3}x of the best baseline ({ti_by}) (target <= 0.5x): {}",
         ti,
         verdict(ti <= 0.5)
     );
     let _ = writeln!(
         t,
-        "- bulk completed/s: gpulb {:.3}x of the best baseline ({tb_by}) (target >= 1x): {}",
+        "- bulk completed/s: {name} {:.3}x of the best baseline ({tb_by}) (target >= 1x): {}",
         tb,
         verdict(tb >= 1.0)
     );
-    let _ = writeln!(t, "- (not part of the target) bulk mean E2E: gpulb {:.3}x of the best baseline ({tm_by}) (lower is better)", tm);
+    let _ = writeln!(t, "- (not part of the target) bulk mean E2E: {name} {:.3}x of the best baseline ({tm_by}) (lower is better)", tm);
     let _ = writeln!(
         t,
-        "\nPer run (each against the best baseline of that run):\n"
+        "\n{name} per run (each against the best baseline of that run):\n"
     );
     let _ = writeln!(
         t,
         "- interactive p99 TTFT: {} (met in {} of {})",
-        list(0),
+        column(0),
         count(0, &|r| r <= 0.5),
         per_run.len()
     );
     let _ = writeln!(
         t,
         "- bulk completed/s: {} (met in {} of {})",
-        list(1),
+        column(1),
         count(1, &|r| r >= 1.0),
         per_run.len()
     );
-    let _ = writeln!(t, "- bulk mean E2E: {}", list(2));
-    Ok(t)
+    let _ = writeln!(t, "- bulk mean E2E: {}", column(2));
+}
+
+/// gpulb variant `name` against header-classified gpulb: interactive p99 TTFT and bulk
+/// completed/s ratios (target: no worse, <= 1x and >= 1x), pooled and per run.
+fn against_gpulb(
+    t: &mut String,
+    name: &str,
+    pooled: &BTreeMap<String, Figures>,
+    per_seed: &PerSeed,
+) {
+    let pair = |f: &BTreeMap<String, Figures>| -> Option<(f64, f64)> {
+        let (v, g) = (f.get(name)?, f.get("gpulb")?);
+        Some((v.ttft_p99() / g.ttft_p99(), v.bulk_per_s() / g.bulk_per_s()))
+    };
+    let Some((ti, tb)) = pair(pooled) else {
+        return;
+    };
+    let per_run: Vec<(f64, f64)> = per_seed.iter().filter_map(|(_, f)| pair(f)).collect();
+    let ttft: Vec<f64> = per_run.iter().map(|r| r.0).collect();
+    let bulk: Vec<f64> = per_run.iter().map(|r| r.1).collect();
+    let _ = writeln!(t, "\n{name} against gpulb (header-classified), pooled:\n");
+    let _ = writeln!(
+        t,
+        "- interactive p99 TTFT: {name} {:.3}x of gpulb (target <= 1x, i.e. no worse): {}",
+        ti,
+        verdict(ti <= 1.0)
+    );
+    let _ = writeln!(
+        t,
+        "- bulk completed/s: {name} {:.3}x of gpulb (target >= 1x, i.e. no worse): {}",
+        tb,
+        verdict(tb >= 1.0)
+    );
+    let _ = writeln!(t, "\n{name} against gpulb, per run:\n");
+    let _ = writeln!(
+        t,
+        "- interactive p99 TTFT: {} (met in {} of {})",
+        list(&ttft),
+        ttft.iter().filter(|r| **r <= 1.0).count(),
+        per_run.len()
+    );
+    let _ = writeln!(
+        t,
+        "- bulk completed/s: {} (met in {} of {})",
+        list(&bulk),
+        bulk.iter().filter(|r| **r >= 1.0).count(),
+        per_run.len()
+    );
 }
 
 #[cfg(test)]
@@ -303,7 +385,7 @@ mod tests {
                 "1,bulk,x,0,ok,8,8,1,g,0",
             ]),
         );
-        let got = ratios(&all).unwrap();
+        let got = ratios(&all, "gpulb").unwrap();
         let want = [(0.5, "peer-a"), (0.8, "peer-b"), (1.25, "peer-b")];
         for ((ratio, by), (want_ratio, want_by)) in got.iter().zip(want) {
             assert!(
@@ -311,6 +393,39 @@ mod tests {
                 "{got:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_gpulb_variant_is_no_baseline_and_is_judged_against_gpulb() {
+        let mut all = BTreeMap::new();
+        let one = |ttft: &str, e2e: &str| {
+            figures(&[
+                &format!("0,interactive,a,0,ok,{ttft},1,1,g,0"),
+                &format!("1,bulk,x,0,ok,{e2e},{e2e},1,g,0"),
+            ])
+        };
+        all.insert("gpulb".to_string(), one("0.2", "10"));
+        all.insert("gpulb-body".to_string(), one("0.1", "5"));
+        all.insert("peer".to_string(), one("0.4", "20"));
+        // gpulb-body is better than the peer, but gpulb is judged against the peer only.
+        let got = ratios(&all, "gpulb").unwrap();
+        assert!(
+            (got[0].0 - 0.5).abs() < 1e-9 && got[0].1 == "peer",
+            "{got:?}"
+        );
+        let per_seed = vec![("seed-1".to_string(), all.clone())];
+        let mut t = String::new();
+        against_gpulb(&mut t, "gpulb-body", &all, &per_seed);
+        assert!(
+            t.contains("interactive p99 TTFT: gpulb-body 0.500x of gpulb (target <= 1x, i.e. no worse): MET"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "bulk completed/s: gpulb-body 2.000x of gpulb (target >= 1x, i.e. no worse): MET"
+            ),
+            "{t}"
+        );
     }
 
     #[test]

@@ -8,7 +8,12 @@ use std::process::Command;
 /// One target: a load balancer and its policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
+    /// gpulb, interactive requests classified by their `x-priority: interactive` header.
     Gpulb,
+    /// gpulb, classes chosen from the JSON body only: the client sends no `x-priority` header
+    /// and the interactive class matches `--body-match` (e.g. `stream: true`, small
+    /// `max_tokens`).
+    GpulbBody,
     NginxRr,
     NginxLc,
     HaproxyRr,
@@ -23,6 +28,7 @@ impl Target {
     pub fn name(self) -> &'static str {
         match self {
             Target::Gpulb => "gpulb",
+            Target::GpulbBody => "gpulb-body",
             Target::NginxRr => "nginx-rr",
             Target::NginxLc => "nginx-lc",
             Target::HaproxyRr => "haproxy-rr",
@@ -34,6 +40,7 @@ impl Target {
     pub fn parse(s: &str) -> Result<Target, String> {
         [
             Target::Gpulb,
+            Target::GpulbBody,
             Target::NginxRr,
             Target::NginxLc,
             Target::HaproxyRr,
@@ -43,8 +50,19 @@ impl Target {
         .into_iter()
         .find(|t| t.name() == s)
         .ok_or_else(|| {
-            format!("unknown target {s:?} (gpulb, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio)")
+            format!("unknown target {s:?} (gpulb, gpulb-body, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio)")
         })
+    }
+
+    /// Whether this target is gpulb (it has an admin `/status` to sample).
+    pub fn is_gpulb(self) -> bool {
+        matches!(self, Target::Gpulb | Target::GpulbBody)
+    }
+
+    /// Whether the client marks interactive requests with `x-priority: interactive` (every
+    /// target but gpulb-body, which must tell the classes apart from the body alone).
+    pub fn priority_header(self) -> bool {
+        self != Target::GpulbBody
     }
 }
 
@@ -93,12 +111,24 @@ pub struct GpulbKnobs {
     pub bulk_guard_kv: f64,
     /// Access log on (it records each request's queue wait; off for parity by default).
     pub access_log: bool,
+    /// The interactive class's `match` for gpulb-body (a YAML flow mapping of body rules).
+    pub body_match: String,
     /// A user-supplied template instead of the generated config.
     pub template: Option<PathBuf>,
 }
 
-/// The gpulb config for this run (generated, or the template with placeholders filled in).
-pub fn gpulb_config(s: &Setup) -> Result<String, String> {
+/// How a generated gpulb config tells interactive requests from bulk ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Classify {
+    /// By the `x-priority: interactive` header.
+    Header,
+    /// By the JSON body only (`GpulbKnobs::body_match`).
+    Body,
+}
+
+/// The gpulb config for this run (generated, or the template with placeholders filled in; a
+/// template is used as written whatever `classify` says).
+pub fn gpulb_config(s: &Setup, classify: Classify) -> Result<String, String> {
     if let Some(path) = &s.gpulb.template {
         return filled_template(s, path);
     }
@@ -107,7 +137,7 @@ pub fn gpulb_config(s: &Setup) -> Result<String, String> {
     backends(&mut y, s);
     pool(&mut y, s);
     let _ = writeln!(y, "classes:");
-    interactive_class(&mut y, s.gpulb);
+    interactive_class(&mut y, s.gpulb, classify);
     bulk_class(&mut y, s.gpulb);
     let _ = writeln!(y, "default_class: bulk");
     Ok(y)
@@ -195,10 +225,26 @@ fn pool(y: &mut String, s: &Setup) {
     }
 }
 
-/// The interactive class: matched by header, fair between tenants, kept off busy workers.
-fn interactive_class(y: &mut String, k: &GpulbKnobs) {
+/// The interactive class: matched by header or by body, fair between tenants, kept off busy
+/// workers.
+fn interactive_class(y: &mut String, k: &GpulbKnobs, classify: Classify) {
     let _ = writeln!(y, "  - name: interactive");
-    let _ = writeln!(y, "    match: {{headers: {{x-priority: interactive}}}}");
+    match classify {
+        Classify::Header => {
+            let _ = writeln!(y, "    match: {{headers: {{x-priority: interactive}}}}");
+        }
+        Classify::Body => {
+            comment(
+                y,
+                &[
+                    "Chosen from the JSON body only: the client sends no x-priority header.",
+                    "Interactive requests are streaming chats with a small max_tokens; bulk",
+                    "ones are non-streaming completions with a large one (the default class).",
+                ],
+            );
+            let _ = writeln!(y, "    match: {}", k.body_match);
+        }
+    }
     let _ = writeln!(y, "    pool: fleet");
     let _ = writeln!(
         y,
@@ -406,9 +452,14 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
     let name = target.name();
     let log = s.dir.join(format!("{name}.log"));
     let (cmd, config_path) = match target {
-        Target::Gpulb => {
-            let path = s.dir.join("gpulb.yaml");
-            write(&path, &gpulb_config(s)?)?;
+        Target::Gpulb | Target::GpulbBody => {
+            let classify = if target == Target::GpulbBody {
+                Classify::Body
+            } else {
+                Classify::Header
+            };
+            let path = s.dir.join(format!("{name}.yaml"));
+            write(&path, &gpulb_config(s, classify)?)?;
             let mut cmd = Command::new(gpulb_bin);
             cmd.arg("serve").arg("--config").arg(&path);
             cmd.env(
@@ -447,4 +498,78 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpulb::config::Config;
+
+    fn knobs() -> GpulbKnobs {
+        GpulbKnobs {
+            max_outstanding: 8,
+            bulk_share: 0.75,
+            bulk_placement: "earliest_finish".into(),
+            interactive_placement: "speed_weighted".into(),
+            interactive_max_wait: "10s".into(),
+            bulk_max_wait: "120s".into(),
+            telemetry_interval: "200ms".into(),
+            max_server_queue: -1.0,
+            interactive_guard_queue: 1.0,
+            interactive_guard_kv: 0.9,
+            bulk_guard_kv: 0.75,
+            access_log: false,
+            body_match: "{stream: true, max_tokens: {max: 100}}".into(),
+            template: None,
+        }
+    }
+
+    /// The generated config for `classify`, loaded by gpulb's own parser and validator.
+    fn loaded(classify: Classify) -> Config {
+        let k = knobs();
+        let workers = ["127.0.0.1:9001".to_string(), "127.0.0.1:9002".to_string()];
+        let s = Setup {
+            dir: Path::new("/tmp"),
+            listen_port: 8080,
+            admin_port: 8081,
+            workers: &workers,
+            threads: 1,
+            gpulb: &k,
+            prio_maxconn: 8,
+            weights: None,
+        };
+        let text = gpulb_config(&s, classify).unwrap();
+        Config::from_yaml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn header_config_matches_interactive_by_header_only() {
+        let c = loaded(Classify::Header);
+        let m = &c.classes[0].matcher;
+        assert_eq!(c.classes[0].name, "interactive");
+        assert_eq!(m.headers.get("x-priority").unwrap(), "interactive");
+        assert_eq!((m.stream, m.max_tokens), (None, None));
+    }
+
+    #[test]
+    fn body_config_matches_interactive_by_body_only() {
+        let c = loaded(Classify::Body);
+        let m = &c.classes[0].matcher;
+        assert_eq!(c.classes[0].name, "interactive");
+        assert!(m.headers.is_empty());
+        assert_eq!(m.stream, Some(true));
+        let max_tokens = m.max_tokens.unwrap();
+        // The trace's interactive sizes (16-64) are in, its bulk ones (128-384) out.
+        assert!(max_tokens.contains(64) && !max_tokens.contains(128));
+    }
+
+    #[test]
+    fn only_gpulb_body_drops_the_priority_header() {
+        for t in ["gpulb", "gpulb-body", "nginx-lc", "haproxy-prio"] {
+            let t = Target::parse(t).unwrap();
+            assert_eq!(t.priority_header(), t != Target::GpulbBody, "{t:?}");
+        }
+        assert!(Target::parse("gpulb-body").unwrap().is_gpulb());
+        assert!(!Target::parse("haproxy-lc").unwrap().is_gpulb());
+    }
 }

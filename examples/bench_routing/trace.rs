@@ -4,7 +4,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Request class, as the harness labels it (and as gpulb classifies it by header).
+/// Request class, as the harness labels it (and as gpulb classifies it: by header, or by body
+/// for gpulb-body).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
     /// Short streaming chat, `x-priority: interactive`.

@@ -67,7 +67,7 @@ fn checked_targets(a: &Args) -> Result<Vec<Target>, String> {
 /// The gpulb binary to start, checked to exist when gpulb is among the targets.
 fn gpulb_bin(a: &Args, targets: &[Target]) -> Result<PathBuf, String> {
     let gpulb_bin = a.gpulb_bin.clone().unwrap_or_else(default_gpulb_bin);
-    if targets.contains(&Target::Gpulb) && !gpulb_bin.exists() {
+    if targets.iter().any(|t| t.is_gpulb()) && !gpulb_bin.exists() {
         return Err(format!(
             "{} not found: run `cargo build --release --bin gpulb --examples` first",
             gpulb_bin.display()

@@ -55,7 +55,7 @@ async fn answers(client: &reqwest::Client, base: &str) -> bool {
     client
         .post(format!("{base}/v1/completions"))
         .header("content-type", "application/json")
-        .body(r#"{"model":"sim","prompt":"ready?","max_tokens":1}"#)
+        .body(r#"{"model":"sim-model","prompt":"ready?","max_tokens":1}"#)
         .send()
         .await
         .map(|r| r.status().as_u16() == 200)

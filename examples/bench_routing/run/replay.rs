@@ -24,6 +24,8 @@ pub struct Endpoint {
     pub admin: Option<String>,
     /// JSON lines of the sampled `/status` go here (gpulb only).
     pub status_log: PathBuf,
+    /// Whether interactive requests carry `x-priority: interactive`.
+    pub priority_header: bool,
 }
 
 /// What one replay measured.
@@ -35,6 +37,7 @@ pub struct Replay {
     sim_max_waiting: Vec<usize>,
     sim_mean_running: Vec<f64>,
     gpulb_max_queue: BTreeMap<String, usize>,
+    gpulb_answered: BTreeMap<String, u64>,
 }
 
 impl Replay {
@@ -56,6 +59,7 @@ impl Replay {
             sim_max_waiting: self.sim_max_waiting,
             sim_mean_running: self.sim_mean_running,
             gpulb_max_queue: self.gpulb_max_queue,
+            gpulb_answered: self.gpulb_answered,
             makespan,
         }
     }
@@ -82,6 +86,7 @@ pub async fn replay(
     let shared = Arc::new(Shared {
         client,
         base: to.base,
+        priority_header: to.priority_header,
         trace: trace.clone(),
         bodies,
         gate: Gate::new(a.max_inflight),
@@ -95,9 +100,9 @@ pub async fn replay(
 
     let _ = stop_tx.send(true);
     let (sim_max_waiting, sim_mean_running) = sim_sampler.await.unwrap_or_default();
-    let gpulb_max_queue = match status_sampler {
+    let (gpulb_max_queue, gpulb_answered) = match status_sampler {
         Some(h) => h.await.unwrap_or_default(),
-        None => BTreeMap::new(),
+        None => Default::default(),
     };
     Replay {
         outcomes,
@@ -107,6 +112,7 @@ pub async fn replay(
         sim_max_waiting,
         sim_mean_running,
         gpulb_max_queue,
+        gpulb_answered,
     }
 }
 
@@ -114,6 +120,7 @@ pub async fn replay(
 struct Shared {
     client: reqwest::Client,
     base: String,
+    priority_header: bool,
     trace: Arc<Vec<Req>>,
     bodies: Arc<Vec<String>>,
     gate: Gate,
@@ -191,6 +198,7 @@ async fn send_at(s: Arc<Shared>, index: usize) -> Outcome {
         index,
         req,
         s.bodies[index].clone(),
+        s.priority_header,
         scheduled,
     )
     .await
@@ -261,14 +269,15 @@ async fn sample_fleet(
 }
 
 /// gpulb's `/status` every 500 ms until `stop`, kept as JSON lines in `log` for later reading;
-/// returns the largest queue depth seen per class.
+/// returns the largest queue depth seen per class, and each class's `requests_total` read once
+/// more after `stop` (the requests gpulb put in that class, readiness probes included).
 async fn sample_status(
     client: reqwest::Client,
     admin: String,
     log: PathBuf,
     t0: Instant,
     mut stop: watch::Receiver<bool>,
-) -> BTreeMap<String, usize> {
+) -> (BTreeMap<String, usize>, BTreeMap<String, u64>) {
     let mut max_q: BTreeMap<String, usize> = BTreeMap::new();
     let mut lines = String::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -290,5 +299,15 @@ async fn sample_status(
         let _ = writeln!(lines, "{{\"t\":{t:.2},\"status\":{v}}}");
     }
     let _ = std::fs::write(&log, lines);
-    max_q
+    let answered = client::gpulb_status(&client, &admin)
+        .await
+        .and_then(|v| v["classes"].as_array().cloned())
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let name = c["name"].as_str().unwrap_or("?").to_string();
+            (name, c["requests_total"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    (max_q, answered)
 }

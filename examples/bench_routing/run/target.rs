@@ -76,6 +76,7 @@ fn knobs(a: &Args) -> GpulbKnobs {
         interactive_guard_kv: a.interactive_guard_kv,
         bulk_guard_kv: a.bulk_guard_kv,
         access_log: a.gpulb_access_log,
+        body_match: a.body_match.clone(),
         template: a.gpulb_config.clone(),
     }
 }
@@ -93,7 +94,10 @@ pub fn run_target(
     let (mut child, config_path) = targets::start(target, &setup, plan.gpulb_bin)?;
     let to = Endpoint {
         base: format!("http://127.0.0.1:{listen_port}"),
-        admin: (target == Target::Gpulb).then(|| format!("http://127.0.0.1:{admin_port}")),
+        admin: target
+            .is_gpulb()
+            .then(|| format!("http://127.0.0.1:{admin_port}")),
+        priority_header: target.priority_header(),
         status_log: plan.dir.join(format!("{name}-status.jsonl")),
     };
     eprintln!(
