@@ -14,6 +14,9 @@ pub enum Target {
     /// and the interactive class matches `--body-match` (e.g. `stream: true`, small
     /// `max_tokens`).
     GpulbBody,
+    /// gpulb as `Gpulb`, with body reading turned off (`request_body: {paths: []}`): the time
+    /// to first token with the body read before routing against without.
+    GpulbUnread,
     NginxRr,
     NginxLc,
     HaproxyRr,
@@ -29,6 +32,7 @@ impl Target {
         match self {
             Target::Gpulb => "gpulb",
             Target::GpulbBody => "gpulb-body",
+            Target::GpulbUnread => "gpulb-unread",
             Target::NginxRr => "nginx-rr",
             Target::NginxLc => "nginx-lc",
             Target::HaproxyRr => "haproxy-rr",
@@ -41,6 +45,7 @@ impl Target {
         [
             Target::Gpulb,
             Target::GpulbBody,
+            Target::GpulbUnread,
             Target::NginxRr,
             Target::NginxLc,
             Target::HaproxyRr,
@@ -50,13 +55,16 @@ impl Target {
         .into_iter()
         .find(|t| t.name() == s)
         .ok_or_else(|| {
-            format!("unknown target {s:?} (gpulb, gpulb-body, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio)")
+            format!("unknown target {s:?} (gpulb, gpulb-body, gpulb-unread, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio)")
         })
     }
 
     /// Whether this target is gpulb (it has an admin `/status` to sample).
     pub fn is_gpulb(self) -> bool {
-        matches!(self, Target::Gpulb | Target::GpulbBody)
+        matches!(
+            self,
+            Target::Gpulb | Target::GpulbBody | Target::GpulbUnread
+        )
     }
 
     /// Whether the client marks interactive requests with `x-priority: interactive` (every
@@ -124,6 +132,8 @@ pub enum Classify {
     Header,
     /// By the JSON body only (`GpulbKnobs::body_match`).
     Body,
+    /// By the header, with gpulb reading no request body at all.
+    HeaderUnread,
 }
 
 /// The gpulb config for this run (generated, or the template with placeholders filled in; a
@@ -134,6 +144,9 @@ pub fn gpulb_config(s: &Setup, classify: Classify) -> Result<String, String> {
     }
     let mut y = String::new();
     globals(&mut y, s);
+    if classify == Classify::HeaderUnread {
+        let _ = writeln!(y, "request_body: {{paths: []}}");
+    }
     backends(&mut y, s);
     pool(&mut y, s);
     let _ = writeln!(y, "classes:");
@@ -230,7 +243,7 @@ fn pool(y: &mut String, s: &Setup) {
 fn interactive_class(y: &mut String, k: &GpulbKnobs, classify: Classify) {
     let _ = writeln!(y, "  - name: interactive");
     match classify {
-        Classify::Header => {
+        Classify::Header | Classify::HeaderUnread => {
             let _ = writeln!(y, "    match: {{headers: {{x-priority: interactive}}}}");
         }
         Classify::Body => {
@@ -452,11 +465,11 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
     let name = target.name();
     let log = s.dir.join(format!("{name}.log"));
     let (cmd, config_path) = match target {
-        Target::Gpulb | Target::GpulbBody => {
-            let classify = if target == Target::GpulbBody {
-                Classify::Body
-            } else {
-                Classify::Header
+        Target::Gpulb | Target::GpulbBody | Target::GpulbUnread => {
+            let classify = match target {
+                Target::GpulbBody => Classify::Body,
+                Target::GpulbUnread => Classify::HeaderUnread,
+                _ => Classify::Header,
             };
             let path = s.dir.join(format!("{name}.yaml"));
             write(&path, &gpulb_config(s, classify)?)?;
@@ -561,6 +574,17 @@ mod tests {
         let max_tokens = m.max_tokens.unwrap();
         // The trace's interactive sizes (16-64) are in, its bulk ones (128-384) out.
         assert!(max_tokens.contains(64) && !max_tokens.contains(128));
+    }
+
+    #[test]
+    fn unread_config_turns_body_reading_off_and_keeps_the_header_rule() {
+        let c = loaded(Classify::HeaderUnread);
+        assert!(c.request_body.paths.is_empty());
+        assert_eq!(
+            c.classes[0].matcher.headers.get("x-priority").unwrap(),
+            "interactive"
+        );
+        assert!(!loaded(Classify::Header).request_body.paths.is_empty());
     }
 
     #[test]
