@@ -17,7 +17,7 @@ pub async fn wait_ready(
     log: &Path,
 ) -> Result<(), String> {
     let client = client::client(Duration::from_secs(2));
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut oks = 0;
     loop {
         if let Some(how) = child.exited() {
@@ -29,7 +29,7 @@ pub async fn wait_ready(
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{} not ready after 20 s; log tail:\n{}",
+                "{} not ready after 60 s; log tail:\n{}",
                 child.name,
                 tail(log)
             ));
@@ -55,7 +55,7 @@ async fn answers(client: &reqwest::Client, base: &str) -> bool {
     client
         .post(format!("{base}/v1/completions"))
         .header("content-type", "application/json")
-        .body(r#"{"model":"sim","prompt":"ready?","max_tokens":1}"#)
+        .body(r#"{"model":"sim-model","prompt":"ready?","max_tokens":1}"#)
         .send()
         .await
         .map(|r| r.status().as_u16() == 200)
