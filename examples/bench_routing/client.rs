@@ -56,10 +56,12 @@ impl Outcome {
 }
 
 /// The JSON body of `req`: a streaming chat for interactive, a plain completion for bulk. A
-/// request with its own messages gets them, the system message led by `salt` (one 64-character
-/// cache block naming the target, so no target finds blocks an earlier one left cached).
-pub fn body(req: &Req, salt: &str) -> String {
+/// request with its own messages gets them, the system message led by one 64-character cache
+/// block naming `target` and the prefix (`prefix::salt`), so no target finds blocks an earlier
+/// one left cached.
+pub fn body(req: &Req, target: &str) -> String {
     if let Some(messages) = &req.messages {
+        let salt = crate::prefix::salt(target, &messages[0]);
         let messages: Vec<serde_json::Value> = messages
             .iter()
             .enumerate()

@@ -18,10 +18,16 @@ use std::sync::Arc;
 /// Characters in one cache block: 16 sim tokens of 4 characters (the sim's and gpulb's block).
 pub const BLOCK_CHARS: usize = 64;
 
-/// The one block each target's requests start with (see `client::body`): it names the target,
-/// so no target finds blocks an earlier target's run left in the workers' caches.
-pub fn salt(target: &str) -> String {
-    format!("{:<64.64}", format!("[prefix cache partition of {target}]"))
+/// The one block each target's requests start with (see `client::body`): it names the target
+/// and the shared prefix that follows, so no target finds blocks an earlier target's run left in
+/// the workers' caches, and prompts with different prefixes share no block.
+pub fn salt(target: &str, prefix: &str) -> String {
+    let mut h = DefaultHasher::new();
+    h.write(prefix.as_bytes());
+    format!(
+        "{:<64.64}",
+        format!("[{target} prefix {:016x}]", h.finish())
+    )
 }
 
 /// `chars` characters of words drawn at random (so different texts differ from the first block).
@@ -178,7 +184,6 @@ impl Lru {
 /// whole KV budget, hits counted as the sim counts them (whole cached leading blocks, never the
 /// last prompt token). It ignores time: no KV held by running sequences, no load limit.
 pub fn oracle(trace: &[Req], profiles: &[WorkerProfile]) -> (u64, u64, Vec<u64>) {
-    let salt = salt("oracle");
     let mut caches: Vec<Lru> = profiles
         .iter()
         .map(|p| Lru {
@@ -194,6 +199,7 @@ pub fn oracle(trace: &[Req], profiles: &[WorkerProfile]) -> (u64, u64, Vec<u64>)
         let Some(messages) = &r.messages else {
             continue;
         };
+        let salt = salt("oracle", &messages[0]);
         let text: String = std::iter::once(salt.as_str())
             .chain(messages.iter().map(String::as_str))
             .collect();
@@ -385,7 +391,7 @@ mod tests {
         let profiles = vec![WorkerProfile::new("a"), WorkerProfile::new("b")];
         let trace = [req(0.0, &[&p]), req(1.0, &[&q]), req(2.0, &[&p, "more"])];
         let (queries, hits, sent) = oracle(&trace, &profiles);
-        // Salt block + 10 blocks each; the third finds the salt and the whole prefix (11 blocks).
+        // Salt block + 10 blocks each; the third finds its salt and the whole prefix (11 blocks).
         assert_eq!(queries, (704 / 4 * 2 + 708 / 4) as u64);
         assert_eq!(hits, 11 * 16);
         assert_eq!(sent, vec![2, 1]);

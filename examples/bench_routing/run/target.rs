@@ -44,8 +44,7 @@ impl<'a> Plan<'a> {
 
     /// The request bodies for `target` (index = trace index), salted with its name.
     fn bodies(&self, target: &str) -> Arc<Vec<String>> {
-        let salt = crate::prefix::salt(target);
-        Arc::new(self.trace.iter().map(|r| client::body(r, &salt)).collect())
+        Arc::new(self.trace.iter().map(|r| client::body(r, target)).collect())
     }
 
     fn setup(&self, listen_port: u16, admin_port: u16) -> targets::Setup<'_> {
