@@ -55,8 +55,30 @@ impl Outcome {
     }
 }
 
-/// The JSON body of `req`: a streaming chat for interactive, a plain completion for bulk.
-pub fn body(req: &Req) -> String {
+/// The JSON body of `req`: a streaming chat for interactive, a plain completion for bulk. A
+/// request with its own messages gets them, the system message led by one 64-character cache
+/// block naming `target` and the prefix (`prefix::salt`), so no target finds blocks an earlier
+/// one left cached.
+pub fn body(req: &Req, target: &str) -> String {
+    if let Some(messages) = &req.messages {
+        let salt = crate::prefix::salt(target, &messages[0]);
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, text)| match i {
+                0 => serde_json::json!({"role": "system", "content": format!("{salt}{text}")}),
+                i if i % 2 == 1 => serde_json::json!({"role": "user", "content": text}),
+                _ => serde_json::json!({"role": "assistant", "content": text}),
+            })
+            .collect();
+        return serde_json::json!({
+            "model": "sim-model",
+            "stream": true,
+            "max_tokens": req.max_tokens,
+            "messages": messages,
+        })
+        .to_string();
+    }
     let text = prompt_text(req.prompt_chars);
     match req.class {
         Class::Interactive => serde_json::json!({

@@ -38,6 +38,7 @@
 
 mod client;
 mod pooled;
+mod prefix;
 mod procs;
 mod report;
 mod run;
@@ -95,6 +96,41 @@ struct Args {
     #[arg(long, default_value = "2000-6000", value_parser = range_usize)]
     bulk_prompt: (usize, usize),
 
+    /// Trace: `mixed` (interactive + bulk, the routing benchmark) or `prefix` (shared prefixes
+    /// with Zipf popularity and multi-turn sessions; sessions start at --interactive-rps with
+    /// the interactive burst factor, answers take --interactive-tokens; see prefix.rs).
+    #[arg(long, default_value = "mixed", value_parser = ["mixed", "prefix"])]
+    workload: String,
+    /// prefix: number of shared prefixes (system prompts).
+    #[arg(long, default_value_t = 40)]
+    prefixes: usize,
+    /// prefix: each shared prefix's length range in characters.
+    #[arg(long, default_value = "4000-12000", value_parser = range_usize)]
+    prefix_chars: (usize, usize),
+    /// prefix: Zipf exponent of the prefixes' popularity (rank k has weight 1/k^s).
+    #[arg(long, default_value_t = 1.1)]
+    zipf: f64,
+    /// prefix: turns per session (each resends the whole history).
+    #[arg(long, default_value = "1-4", value_parser = range_u32)]
+    turns: (u32, u32),
+    /// prefix: time between a session's turns, ms (open loop: fixed in the trace).
+    #[arg(long, default_value = "2000-6000", value_parser = range_usize)]
+    think_ms: (usize, usize),
+    /// prefix: each new question's length in characters.
+    #[arg(long, default_value = "200-800", value_parser = range_usize)]
+    question_chars: (usize, usize),
+    /// prefix: each earlier answer's length in characters, as resent in the history.
+    #[arg(long, default_value = "100-400", value_parser = range_usize)]
+    reply_chars: (usize, usize),
+    /// The SGLang router command for target sglang-cache-aware (whitespace-separated; the
+    /// harness adds --host, --port, --prometheus-*, --policy cache_aware and --worker-urls).
+    #[arg(
+        long,
+        value_delimiter = ' ',
+        default_value = "python3 -m sglang_router.launch_router"
+    )]
+    sglang_router: Vec<String>,
+
     /// Simulated workers (uneven as in `gpulb demo`: every 4th+1 half speed, 4th+2 half KV).
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -114,9 +150,12 @@ struct Args {
     #[arg(long, default_value_t = 16384)]
     kv_tokens: usize,
 
-    /// Targets, in run order: gpulb, gpulb-body, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc,
-    /// haproxy-prio. gpulb-body is gpulb with classes chosen from the body only (no
-    /// `x-priority` header sent; the interactive class matches `--body-match`).
+    /// Targets, in run order: gpulb, gpulb-body, gpulb-unread, nginx-rr, nginx-lc, haproxy-rr,
+    /// haproxy-lc, haproxy-prio, gpulb-prefix, gpulb-ll, sglang-cache-aware. gpulb-body is gpulb
+    /// with classes chosen from the body only (no `x-priority` header sent; the interactive class
+    /// matches `--body-match`); gpulb-unread reads no body; gpulb-prefix and gpulb-ll force the
+    /// interactive placement to prefix_affinity and least_loaded; sglang-cache-aware is SGLang's
+    /// router with --policy cache_aware.
     #[arg(
         long,
         value_delimiter = ',',

@@ -22,6 +22,11 @@ pub struct TargetRun {
     /// while the trace was being sent).
     pub sim_max_waiting: Vec<usize>,
     pub sim_mean_running: Vec<f64>,
+    /// Largest `running + waiting` seen inside each worker (same samples).
+    pub sim_max_outstanding: Vec<usize>,
+    /// Each worker's counters over the replay: (prompt tokens looked up in its prefix cache,
+    /// found there, requests received).
+    pub prefix_cache: Vec<(u64, u64, u64)>,
     /// gpulb only: largest queue depth per class seen on /status (sampled every 500 ms).
     pub gpulb_max_queue: BTreeMap<String, usize>,
     /// gpulb only: requests answered per class at the end (`/status` `requests_total`), which

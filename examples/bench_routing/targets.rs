@@ -25,7 +25,28 @@ pub enum Target {
     /// in HAProxy, not in the worker) and `set-priority-class` for interactive requests — the
     /// closest a stock load balancer gets to gpulb's class queues.
     HaproxyPrio,
+    /// gpulb with the interactive class's `placement: prefix_affinity` (the prefix workload).
+    GpulbPrefix,
+    /// gpulb with the interactive class's `placement: least_loaded`.
+    GpulbLeastLoaded,
+    /// SGLang's router (PyPI `sglang-router`) with `--policy cache_aware`.
+    SglangCacheAware,
 }
+
+/// Every target, in the order `--help` lists them.
+const ALL_TARGETS: [Target; 11] = [
+    Target::Gpulb,
+    Target::GpulbBody,
+    Target::GpulbUnread,
+    Target::NginxRr,
+    Target::NginxLc,
+    Target::HaproxyRr,
+    Target::HaproxyLc,
+    Target::HaproxyPrio,
+    Target::GpulbPrefix,
+    Target::GpulbLeastLoaded,
+    Target::SglangCacheAware,
+];
 
 impl Target {
     pub fn name(self) -> &'static str {
@@ -38,32 +59,40 @@ impl Target {
             Target::HaproxyRr => "haproxy-rr",
             Target::HaproxyLc => "haproxy-lc",
             Target::HaproxyPrio => "haproxy-prio",
+            Target::GpulbPrefix => "gpulb-prefix",
+            Target::GpulbLeastLoaded => "gpulb-ll",
+            Target::SglangCacheAware => "sglang-cache-aware",
+        }
+    }
+
+    /// The interactive class placement this target forces over --interactive-placement.
+    fn forced_placement(self) -> Option<&'static str> {
+        match self {
+            Target::GpulbPrefix => Some("prefix_affinity"),
+            Target::GpulbLeastLoaded => Some("least_loaded"),
+            _ => None,
         }
     }
 
     pub fn parse(s: &str) -> Result<Target, String> {
-        [
-            Target::Gpulb,
-            Target::GpulbBody,
-            Target::GpulbUnread,
-            Target::NginxRr,
-            Target::NginxLc,
-            Target::HaproxyRr,
-            Target::HaproxyLc,
-            Target::HaproxyPrio,
-        ]
-        .into_iter()
-        .find(|t| t.name() == s)
-        .ok_or_else(|| {
-            format!("unknown target {s:?} (gpulb, gpulb-body, gpulb-unread, nginx-rr, nginx-lc, haproxy-rr, haproxy-lc, haproxy-prio)")
-        })
+        ALL_TARGETS
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ALL_TARGETS.iter().map(|t| t.name()).collect();
+                format!("unknown target {s:?} ({})", names.join(", "))
+            })
     }
 
     /// Whether this target is gpulb (it has an admin `/status` to sample).
     pub fn is_gpulb(self) -> bool {
         matches!(
             self,
-            Target::Gpulb | Target::GpulbBody | Target::GpulbUnread
+            Target::Gpulb
+                | Target::GpulbBody
+                | Target::GpulbUnread
+                | Target::GpulbPrefix
+                | Target::GpulbLeastLoaded
         )
     }
 
@@ -89,6 +118,8 @@ pub struct Setup<'a> {
     pub prio_maxconn: usize,
     /// Per-worker weights given to every target alike (`None`: all equal, no weight written).
     pub weights: Option<&'a [u32]>,
+    /// The SGLang router's command (program and leading arguments).
+    pub sglang_router: &'a [String],
 }
 
 impl Setup<'_> {
@@ -465,14 +496,26 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
     let name = target.name();
     let log = s.dir.join(format!("{name}.log"));
     let (cmd, config_path) = match target {
-        Target::Gpulb | Target::GpulbBody | Target::GpulbUnread => {
+        Target::Gpulb
+        | Target::GpulbBody
+        | Target::GpulbUnread
+        | Target::GpulbPrefix
+        | Target::GpulbLeastLoaded => {
             let classify = match target {
                 Target::GpulbBody => Classify::Body,
                 Target::GpulbUnread => Classify::HeaderUnread,
                 _ => Classify::Header,
             };
             let path = s.dir.join(format!("{name}.yaml"));
-            write(&path, &gpulb_config(s, classify)?)?;
+            let mut knobs = s.gpulb.clone();
+            if let Some(p) = target.forced_placement() {
+                knobs.interactive_placement = p.to_string();
+            }
+            let setup = Setup {
+                gpulb: &knobs,
+                ..*s
+            };
+            write(&path, &gpulb_config(&setup, classify)?)?;
             let mut cmd = Command::new(gpulb_bin);
             cmd.arg("serve").arg("--config").arg(&path);
             cmd.env(
@@ -503,10 +546,43 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
             cmd.arg("-db").arg("-f").arg(&path);
             (cmd, path)
         }
+        Target::SglangCacheAware => sglang_command(s)?,
     };
     let child = ChildGuard::spawn(name, cmd, &log)
         .map_err(|e| format!("cannot start {name}: {e} (is it installed?)"))?;
     Ok((child, config_path))
+}
+
+/// The SGLang router on the listen port (its Prometheus exporter on the admin port), cache-aware
+/// policy, every worker; the command line is written to the run directory as its "config".
+fn sglang_command(s: &Setup) -> Result<(Command, PathBuf), String> {
+    let (program, lead) = s
+        .sglang_router
+        .split_first()
+        .ok_or("--sglang-router is empty")?;
+    let mut args: Vec<String> = lead.to_vec();
+    args.extend(
+        [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &s.listen_port.to_string(),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &s.admin_port.to_string(),
+            "--policy",
+            "cache_aware",
+            "--worker-urls",
+        ]
+        .map(String::from),
+    );
+    args.extend(s.workers.iter().map(|w| format!("http://{w}")));
+    let path = s.dir.join("sglang-cache-aware.cmd");
+    write(&path, &format!("{program} {}\n", args.join(" ")))?;
+    let mut cmd = Command::new(program);
+    cmd.args(&args);
+    Ok((cmd, path))
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -550,6 +626,7 @@ mod tests {
             gpulb: &k,
             prio_maxconn: 8,
             weights: None,
+            sglang_router: &[],
         };
         let text = gpulb_config(&s, classify).unwrap();
         Config::from_yaml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))

@@ -3,6 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 
 /// Request class, as the harness labels it (and as gpulb classifies it: by header, or by body
 /// for gpulb-body).
@@ -35,6 +36,9 @@ pub struct Req {
     /// Prompt length in characters (the sim counts ceil(chars / 4) tokens).
     pub prompt_chars: usize,
     pub max_tokens: u32,
+    /// The chat messages' contents (system first, then user and assistant turns), when the
+    /// text matters (the prefix workload); `None`: a filler prompt of `prompt_chars`.
+    pub messages: Option<Arc<Vec<String>>>,
 }
 
 /// Interactive tenants and their shares of the interactive traffic.
@@ -91,7 +95,7 @@ impl TraceSpec {
     }
 }
 
-fn pick_tenant(rng: &mut StdRng, tenants: &[(&'static str, u32)]) -> &'static str {
+pub fn pick_tenant(rng: &mut StdRng, tenants: &[(&'static str, u32)]) -> &'static str {
     let total: u32 = tenants.iter().map(|t| t.1).sum();
     let mut x = rng.random_range(0..total);
     for &(name, w) in tenants {
@@ -105,7 +109,7 @@ fn pick_tenant(rng: &mut StdRng, tenants: &[(&'static str, u32)]) -> &'static st
 
 /// Non-homogeneous Poisson arrivals by thinning: candidates at the peak rate, each kept with
 /// probability rate(t) / peak.
-fn arrivals(spec: &TraceSpec, base: f64, factor: f64, rng: &mut StdRng) -> Vec<f64> {
+pub fn arrivals(spec: &TraceSpec, base: f64, factor: f64, rng: &mut StdRng) -> Vec<f64> {
     let mut out = Vec::new();
     if base <= 0.0 {
         return out;
@@ -164,6 +168,7 @@ pub fn generate(spec: &TraceSpec) -> Vec<Req> {
                 tenant: pick_tenant(&mut rng, tenants),
                 prompt_chars: rng.random_range(chars.0..=chars.1.max(chars.0)),
                 max_tokens: rng.random_range(tokens.0..=tokens.1.max(tokens.0)),
+                messages: None,
             });
         }
     }

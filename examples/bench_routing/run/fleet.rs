@@ -135,3 +135,19 @@ pub async fn wait_idle(fleet: &[SimWorker]) -> bool {
     }
     false
 }
+
+/// Each worker's counters: (prompt tokens looked up in its prefix cache, prompt tokens found
+/// there, requests received).
+pub fn cache_counters(fleet: &[SimWorker]) -> Vec<(u64, u64, u64)> {
+    fleet
+        .iter()
+        .map(|w| {
+            let s = w.stats();
+            (
+                s.prefix_cache_queries_total,
+                s.prefix_cache_hits_total,
+                s.received_total,
+            )
+        })
+        .collect()
+}

@@ -7,10 +7,10 @@ mod ready;
 mod replay;
 mod target;
 
-use crate::report;
 use crate::targets::Target;
 use crate::trace::{self, TraceSpec};
 use crate::Args;
+use crate::{prefix, report};
 use fleet::Bench;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,13 +22,21 @@ pub fn run(a: &Args) -> Result<(), String> {
     let gpulb_bin = gpulb_bin(a, &targets)?;
     let dir = run_dir(a)?;
     let spec = trace_spec(a);
-    let trace = Arc::new(trace::generate(&spec));
+    let prefix_mode = a.workload == "prefix";
+    let trace = Arc::new(if prefix_mode {
+        prefix::generate(a, &spec)
+    } else {
+        trace::generate(&spec)
+    });
     let profiles = fleet::profiles(a);
-    let head = header::header(a, &spec, &trace, &profiles, &gpulb_bin);
+    let mut head = header::header(a, &spec, &trace, &profiles, &gpulb_bin);
+    if prefix_mode {
+        head.push_str(&prefix::describe(a, &trace));
+    }
     eprint!("{head}");
 
     let bench = Bench::start(a.client_threads, &profiles)?;
-    let plan = Plan::new(a, &dir, &gpulb_bin, trace, bench.addrs());
+    let plan = Plan::new(a, &dir, &gpulb_bin, trace.clone(), bench.addrs());
     let mut runs = Vec::new();
     let mut configs = Vec::new();
     for &target in &targets {
@@ -39,7 +47,10 @@ pub fn run(a: &Args) -> Result<(), String> {
     // Let the fleet settle before dropping it (bounded).
     let _ = bench.block_on(fleet::wait_idle(&bench.fleet));
 
-    let md = report::document(a.seed, &head, &configs, &runs, a.workers);
+    let mut md = report::document(a.seed, &head, &configs, &runs, a.workers);
+    if prefix_mode {
+        md.push_str(&prefix::section(a, &trace, &profiles, &runs));
+    }
     let out = dir.join("results.md");
     std::fs::write(&out, &md).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     println!("{md}");

@@ -17,7 +17,7 @@ pub async fn wait_ready(
     log: &Path,
 ) -> Result<(), String> {
     let client = client::client(Duration::from_secs(2));
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut oks = 0;
     loop {
         if let Some(how) = child.exited() {
@@ -29,7 +29,7 @@ pub async fn wait_ready(
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{} not ready after 20 s; log tail:\n{}",
+                "{} not ready after 60 s; log tail:\n{}",
                 child.name,
                 tail(log)
             ));

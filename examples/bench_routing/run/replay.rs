@@ -36,6 +36,7 @@ pub struct Replay {
     cap_hits: usize,
     sim_max_waiting: Vec<usize>,
     sim_mean_running: Vec<f64>,
+    sim_max_outstanding: Vec<usize>,
     gpulb_max_queue: BTreeMap<String, usize>,
     gpulb_answered: BTreeMap<String, u64>,
 }
@@ -58,6 +59,8 @@ impl Replay {
             cap_hits: self.cap_hits,
             sim_max_waiting: self.sim_max_waiting,
             sim_mean_running: self.sim_mean_running,
+            sim_max_outstanding: self.sim_max_outstanding,
+            prefix_cache: Vec::new(),
             gpulb_max_queue: self.gpulb_max_queue,
             gpulb_answered: self.gpulb_answered,
             makespan,
@@ -99,7 +102,8 @@ pub async fn replay(
     outcomes.sort_by_key(|o| o.index);
 
     let _ = stop_tx.send(true);
-    let (sim_max_waiting, sim_mean_running) = sim_sampler.await.unwrap_or_default();
+    let (sim_max_waiting, sim_mean_running, sim_max_outstanding) =
+        sim_sampler.await.unwrap_or_default();
     let (gpulb_max_queue, gpulb_answered) = match status_sampler {
         Some(h) => h.await.unwrap_or_default(),
         None => Default::default(),
@@ -111,6 +115,7 @@ pub async fn replay(
         cap_hits: shared.gate.cap_hits.load(Ordering::Relaxed),
         sim_max_waiting,
         sim_mean_running,
+        sim_max_outstanding,
         gpulb_max_queue,
         gpulb_answered,
     }
@@ -240,14 +245,15 @@ fn add_unfinished(outcomes: &mut Vec<Outcome>, trace: &[Req], limit: f64) -> usi
     outcomes.len() - before
 }
 
-/// The workers' own queues every 100 ms until `stop`: each one's largest `waiting` and mean
-/// `running`.
+/// The workers' own queues every 100 ms until `stop`: each one's largest `waiting`, mean
+/// `running` and largest `running + waiting` (requests it held).
 async fn sample_fleet(
     fleet: Arc<Vec<SimWorker>>,
     mut stop: watch::Receiver<bool>,
-) -> (Vec<usize>, Vec<f64>) {
+) -> (Vec<usize>, Vec<f64>, Vec<usize>) {
     let n = fleet.len();
     let (mut max_wait, mut sum_run, mut samples) = (vec![0usize; n], vec![0f64; n], 0u64);
+    let mut max_held = vec![0usize; n];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
@@ -259,13 +265,14 @@ async fn sample_fleet(
             let s = w.stats();
             max_wait[i] = max_wait[i].max(s.waiting);
             sum_run[i] += s.running as f64;
+            max_held[i] = max_held[i].max(s.running + s.waiting);
         }
     }
     let mean = sum_run
         .iter()
         .map(|s| s / samples.max(1) as f64)
         .collect::<Vec<_>>();
-    (max_wait, mean)
+    (max_wait, mean, max_held)
 }
 
 /// gpulb's `/status` every 500 ms until `stop`, kept as JSON lines in `log` for later reading;

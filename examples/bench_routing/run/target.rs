@@ -21,8 +21,6 @@ pub struct Plan<'a> {
     /// `127.0.0.1:PORT` of each worker.
     workers: Vec<String>,
     trace: Arc<Vec<Req>>,
-    /// The request bodies, built once (index = trace index).
-    bodies: Arc<Vec<String>>,
 }
 
 impl<'a> Plan<'a> {
@@ -34,7 +32,6 @@ impl<'a> Plan<'a> {
         trace: Arc<Vec<Req>>,
         workers: Vec<String>,
     ) -> Plan<'a> {
-        let bodies = Arc::new(trace.iter().map(client::body).collect::<Vec<_>>());
         Plan {
             a,
             dir,
@@ -42,8 +39,12 @@ impl<'a> Plan<'a> {
             knobs: knobs(a),
             workers,
             trace,
-            bodies,
         }
+    }
+
+    /// The request bodies for `target` (index = trace index), salted with its name.
+    fn bodies(&self, target: &str) -> Arc<Vec<String>> {
+        Arc::new(self.trace.iter().map(|r| client::body(r, target)).collect())
     }
 
     fn setup(&self, listen_port: u16, admin_port: u16) -> targets::Setup<'_> {
@@ -57,6 +58,7 @@ impl<'a> Plan<'a> {
             gpulb: &self.knobs,
             prio_maxconn: a.prio_maxconn.unwrap_or(a.max_running),
             weights: (!a.weights.is_empty()).then_some(&a.weights[..]),
+            sglang_router: &a.sglang_router,
         }
     }
 }
@@ -135,6 +137,8 @@ fn measure(
     child: &mut ChildGuard,
     to: Endpoint,
 ) -> TargetRun {
+    let bodies = plan.bodies(name);
+    let cache_before = fleet::cache_counters(&bench.fleet);
     let cpu_before = SelfCpu::read();
     let proxy_before = procs::group_cpu(child.pid());
     eprintln!("[bench] {name}: replaying {} requests", plan.trace.len());
@@ -142,16 +146,23 @@ fn measure(
         plan.a,
         to,
         plan.trace.clone(),
-        plan.bodies.clone(),
+        bodies,
         bench.fleet.clone(),
     ));
+    let cache_after = fleet::cache_counters(&bench.fleet);
     let proxy_cpu = procs::group_cpu(child.pid()) - proxy_before;
     let self_cpu = SelfCpu::read().since(cpu_before);
     if let Some(how) = child.exited() {
         eprintln!("[bench] warning: {name} exited during the run ({how})");
     }
     child.stop();
-    r.into_run(name, self_cpu, proxy_cpu)
+    let mut run = r.into_run(name, self_cpu, proxy_cpu);
+    run.prefix_cache = cache_after
+        .iter()
+        .zip(&cache_before)
+        .map(|(a, b)| (a.0 - b.0, a.1 - b.1, a.2 - b.2))
+        .collect();
+    run
 }
 
 /// One progress line: the run's headline figures.
