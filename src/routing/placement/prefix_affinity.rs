@@ -83,7 +83,18 @@ mod tests {
     }
 
     fn pick(loads: &[u32], matched: &[u32], rendezvous: &[u64]) -> Option<usize> {
-        let mut candidates: Vec<Candidate> = loads.iter().map(|&l| cand(l)).collect();
+        pick_among(
+            loads.iter().map(|&l| cand(l)).collect(),
+            matched,
+            rendezvous,
+        )
+    }
+
+    fn pick_among(
+        mut candidates: Vec<Candidate>,
+        matched: &[u32],
+        rendezvous: &[u64],
+    ) -> Option<usize> {
         let choice = Choice {
             candidates: &mut candidates,
             speeds: None,
