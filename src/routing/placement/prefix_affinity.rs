@@ -123,19 +123,8 @@ mod tests {
         // At 6 against 2 it is within the slack: the home keeps it.
         assert_eq!(pick(&[2, 6], &[0, 8], &[0, 0]), Some(1));
         // A full home is no home.
-        let mut candidates = vec![cand(1), cand(32)];
-        let choice = Choice {
-            candidates: &mut candidates,
-            speeds: None,
-            tokens: 0,
-            mean_tokens: 0,
-            affinity: Some(Affinity {
-                matched: vec![0, 5],
-                rendezvous: vec![0, 0],
-            }),
-        };
         assert_eq!(
-            PrefixAffinity.pick(&choice, &mut StdRng::seed_from_u64(2)),
+            pick_among(vec![cand(1), cand(32)], &[0, 5], &[0, 0]),
             Some(0)
         );
     }
