@@ -159,3 +159,16 @@ fn placement_defaults_to_least_loaded_and_a_bad_one_names_the_choices() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn header_names_are_compiled_from_the_keys_the_file_sets() {
+    let config = Config::from_yaml(&format!(
+        "{MINIMAL}tenant_header: X-Org\nrequest_id_header: x-trace-id\n"
+    ))
+    .unwrap();
+    assert_eq!(config.compiled.tenant_header, "x-org");
+    assert_eq!(config.compiled.request_id_header, "x-trace-id");
+    let defaults = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(defaults.compiled.tenant_header, "x-tenant");
+    assert_eq!(defaults.compiled.request_id_header, "x-request-id");
+}

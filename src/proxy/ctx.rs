@@ -6,6 +6,7 @@ use crate::metrics::ClassMetrics;
 use crate::request::BodyFacts;
 use crate::routing::Snapshot;
 use crate::routing::{Demand, Lease, Slot};
+use http::HeaderName;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,11 +84,10 @@ impl RequestCtx {
     }
 
     /// The request id header name in force.
-    pub fn id_header(&self) -> String {
-        self.snapshot
-            .as_ref()
-            .map_or("x-request-id".to_string(), |s| {
-                s.config.request_id_header.clone()
-            })
+    pub fn id_header(&self) -> HeaderName {
+        self.snapshot.as_ref().map_or_else(
+            || HeaderName::from_static("x-request-id"),
+            |s| s.config.compiled.request_id_header.clone(),
+        )
     }
 }

@@ -91,11 +91,9 @@ impl ProxyHttp for Gpulb {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
         let snapshot = self.registry.load();
-        ctx.request_id = Some(ensure_request_id(
-            session,
-            &snapshot.config.request_id_header,
-        )?);
-        ctx.tenant = tenant_of(session, &snapshot.config.tenant_header);
+        let compiled = &snapshot.config.compiled;
+        ctx.request_id = Some(ensure_request_id(session, &compiled.request_id_header)?);
+        ctx.tenant = tenant_of(session, &compiled.tenant_header);
         ctx.snapshot = Some(Arc::clone(&snapshot));
         match self.lifecycle.phase() {
             Phase::Serving => {}
@@ -250,7 +248,8 @@ impl ProxyHttp for Gpulb {
             ctx.outcome_reported = true;
         }
         if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
-            upstream_response.insert_header(snap.config.request_id_header.clone(), id.as_str())?;
+            upstream_response
+                .insert_header(snap.config.compiled.request_id_header.clone(), id.as_str())?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@ use crate::error::ProxyError;
 use crate::headers;
 use crate::routing::ModelInfo;
 use bytes::Bytes;
+use http::HeaderName;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
@@ -53,7 +54,7 @@ pub async fn respond_models(
 }
 
 /// Takes the client's request id (up to 128 bytes) or adds a fresh one; returns it.
-pub fn ensure_request_id(session: &mut Session, id_header: &str) -> Result<String> {
+pub fn ensure_request_id(session: &mut Session, id_header: &HeaderName) -> Result<String> {
     let existing = session
         .req_header()
         .headers
@@ -67,14 +68,14 @@ pub fn ensure_request_id(session: &mut Session, id_header: &str) -> Result<Strin
             let id = headers::new_request_id();
             session
                 .req_header_mut()
-                .insert_header(id_header.to_string(), id.as_str())?;
+                .insert_header(id_header.clone(), id.as_str())?;
             Ok(id)
         }
     }
 }
 
 /// The request's tenant: the tenant header's value (up to 64 bytes), else `default`.
-pub fn tenant_of(session: &Session, tenant_header: &str) -> String {
+pub fn tenant_of(session: &Session, tenant_header: &HeaderName) -> String {
     session
         .req_header()
         .headers
