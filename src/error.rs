@@ -43,13 +43,16 @@ pub enum ProxyError {
     /// The client sent something that could not be proxied.
     #[error("bad request: {0}")]
     BadRequest(String),
-    /// The request body is larger than `request_body.max_bytes`.
-    #[error("request body is {size} bytes; this server reads at most {limit}")]
+    /// The request body is larger than `request_body.max_bytes` (or, chunked, than the 64 KiB
+    /// gpulb can hold without a `Content-Length`).
+    #[error("request body is {size} bytes{}; this server reads at most {limit}{}", if *.chunked { " or more" } else { "" }, if *.chunked { " of a chunked body (send Content-Length for more)" } else { "" })]
     BodyTooLarge {
         /// The body's size, or the bytes read when it stopped (a chunked body).
         size: usize,
         /// `request_body.max_bytes`, or the chunked-body limit.
         limit: usize,
+        /// The body came without a `Content-Length`.
+        chunked: bool,
     },
     /// The client did not send its whole body within `timeouts.client_body`.
     #[error("the request body did not arrive within {0:?}")]
@@ -232,7 +235,24 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("served: llama, qwen"));
-        let big = ProxyError::BodyTooLarge { size: 10, limit: 5 };
+        let big = ProxyError::BodyTooLarge {
+            size: 10,
+            limit: 5,
+            chunked: false,
+        };
+        assert_eq!(
+            big.to_string(),
+            "request body is 10 bytes; this server reads at most 5"
+        );
+        let chunked = ProxyError::BodyTooLarge {
+            size: 70_000,
+            limit: 65_536,
+            chunked: true,
+        };
+        assert!(
+            chunked.to_string().contains("send Content-Length"),
+            "{chunked}"
+        );
         assert_eq!((big.status(), big.code()), (413, "body_too_large"));
         assert_eq!(ProxyError::InvalidBody("x".into()).status(), 400);
         assert_eq!(

@@ -70,7 +70,11 @@ pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body,
     let length = content_length(session);
     if let Some(size) = length.filter(|&n| n > max) {
         return Ok(match config.request_body.over_limit {
-            OverLimit::Reject => Err(ProxyError::BodyTooLarge { size, limit: max }),
+            OverLimit::Reject => Err(ProxyError::BodyTooLarge {
+                size,
+                limit: max,
+                chunked: false,
+            }),
             OverLimit::Forward => Ok(Body::Unread),
         });
     }
@@ -91,7 +95,12 @@ pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body,
         let Some(chunk) = chunk else { break };
         if held.len() + chunk.len() > limit {
             let size = held.len() + chunk.len();
-            return Ok(Err(ProxyError::BodyTooLarge { size, limit }));
+            let chunked = length.is_none();
+            return Ok(Err(ProxyError::BodyTooLarge {
+                size,
+                limit,
+                chunked,
+            }));
         }
         held.extend_from_slice(&chunk);
     }
