@@ -226,6 +226,20 @@ async fn bodies_are_forwarded_byte_for_byte_and_limits_hold() {
     let json: Value = resp.json().await.unwrap();
     assert_eq!(json["body"], "{\"model\":\"m\",\"x\":[1,2]}");
     assert_eq!(json["headers"]["transfer-encoding"], "chunked");
+    // A chunked body can be held up to pingora's 64 KiB replay buffer only: 413, saying why.
+    let chunks: Vec<Result<String, std::io::Error>> =
+        (0..20).map(|_| Ok("z".repeat(5_000))).collect();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/echo", proxy.url))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("send Content-Length"), "{text}");
     // Over the limit: 413 in OpenAI's shape, and nothing reaches the worker.
     let huge = Req::post("/echo", "x".repeat(300_001));
     let refused = proxy.send(&huge).await;
