@@ -2,7 +2,7 @@
 //! it, `/history` samples it and `/metrics` fills its gauges from it, so a health label or a
 //! telemetry staleness is computed in one place.
 
-use crate::config::PlacementKind;
+use crate::config::{PlacementKind, TelemetrySettings};
 use crate::health::{now_ms, CheckStatus};
 use crate::metrics::{Metrics, Percentiles};
 use crate::routing::prefix::ENTRY_BYTES;
@@ -57,6 +57,10 @@ pub struct BackendView {
     pub outstanding: u32,
     /// Estimated tokens (prompt + max_tokens) of those requests, where their bodies were read.
     pub outstanding_tokens: u64,
+    /// Requests on it that are not this proxy's (other replicas, direct clients), estimated
+    /// from the model server's counts; `None` when there is no recent enough reading (or
+    /// `telemetry.count_others` is off). Admission counts them against `max_outstanding`.
+    pub others_outstanding: Option<u32>,
     /// Attempts ever sent.
     pub attempts_total: u64,
     /// Active check status.
@@ -168,13 +172,13 @@ impl FleetView {
     /// seconds from `metrics`.
     pub fn read(snapshot: &Snapshot, metrics: &Metrics, latency_span_s: u64) -> FleetView {
         let (now_ms, now) = (now_ms(), Instant::now());
-        let stale_after = snapshot.config.telemetry.stale_after;
+        let settings = &snapshot.config.telemetry;
         FleetView {
             generation: snapshot.generation,
             backends: snapshot
                 .backends
                 .iter()
-                .map(|b| backend_view(b, now_ms, now, stale_after))
+                .map(|b| backend_view(b, now_ms, now, settings))
                 .collect(),
             classes: snapshot
                 .classes
@@ -190,8 +194,14 @@ impl FleetView {
     }
 }
 
-fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -> BackendView {
+fn backend_view(
+    b: &Backend,
+    now_ms: u64,
+    now: Instant,
+    settings: &TelemetrySettings,
+) -> BackendView {
     let health = &b.state.health;
+    let telemetry = b.state.telemetry.load();
     BackendView {
         name: b.state.name.clone(),
         url: b.url.clone(),
@@ -199,6 +209,10 @@ fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -
         max_outstanding: b.max_outstanding,
         outstanding: b.state.outstanding.get(),
         outstanding_tokens: b.state.outstanding_tokens.load(Ordering::Relaxed),
+        others_outstanding: telemetry
+            .as_deref()
+            .filter(|_| settings.count_others)
+            .and_then(|t| t.others_in_flight(settings.others_max_age, now)),
         attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
         health: health.status(),
         unresolved: b.state.address.unresolved(),
@@ -207,7 +221,7 @@ fn backend_view(b: &Backend, now_ms: u64, now: Instant, stale_after: Duration) -
         consecutive_failures: health.consecutive_failures(),
         eligible: b.state.eligible(now_ms),
         models: b.state.models.get().map(|l| (*l).clone()),
-        telemetry: telemetry_view(b, now, stale_after),
+        telemetry: telemetry_view(b, now, settings.stale_after),
     }
 }
 

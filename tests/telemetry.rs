@@ -6,15 +6,15 @@ use common::{eventually, free_port, Killed, STOP, WAIT};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use gpulb::telemetry::nvml::DeviceReading;
 use gpulb::telemetry::{
-    poll, scrape, GpuReading, GpuSelector, ServerKind, SourceConfig, SourceKind, Telemetry,
-    TelemetryError,
+    poll, scrape, GpuReading, GpuSelector, PollTarget, ServerKind, SourceConfig, SourceKind,
+    Telemetry, TelemetryError,
 };
 use gpulb::tools::agent::{self, GpuSource};
 use gpulb::tools::sim::{SimWorker, WorkerProfile};
@@ -30,10 +30,28 @@ fn source(kind: SourceKind) -> SourceConfig {
     }
 }
 
+/// The proxy side a poller reads for: a settable in-flight count, and how often it was told
+/// of a stored reading.
+#[derive(Default)]
+struct Proxied {
+    in_flight: AtomicU32,
+    stored: AtomicU64,
+}
+
+impl PollTarget for Proxied {
+    fn own_in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+    fn stored(&self) {
+        self.stored.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// A running poller and what it writes to.
 struct Poller {
     sink: Arc<ArcSwapOption<Telemetry>>,
     errors: Arc<AtomicU64>,
+    proxied: Arc<Proxied>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -41,17 +59,20 @@ struct Poller {
 fn start_poll(sources: Vec<SourceConfig>, backend_url: String) -> Poller {
     let sink = Arc::new(ArcSwapOption::empty());
     let errors = Arc::new(AtomicU64::new(0));
+    let proxied = Arc::new(Proxied::default());
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(poll(
         sources,
         backend_url,
         sink.clone(),
         errors.clone(),
+        proxied.clone(),
         stopped,
     ));
     Poller {
         sink,
         errors,
+        proxied,
         stop,
         task,
     }
@@ -181,6 +202,27 @@ async fn a_dead_backend_keeps_the_last_reading_ageing_and_counts_errors() {
         Duration::from_millis(50),
         Instant::now()
     ));
+    poller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_reading_carries_what_this_proxy_had_in_flight_and_is_announced() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w4"))
+        .await
+        .expect("worker");
+    let (poller, first) = poll_vllm(&worker).await;
+    let sample = first.server_sample.expect("a server reading has a sample");
+    assert_eq!(sample.own_in_flight, 0);
+    assert!(poller.proxied.stored.load(Ordering::Relaxed) >= 1);
+    // Say this proxy has 3 in flight: the idle server then has nobody else's.
+    poller.proxied.in_flight.store(3, Ordering::Relaxed);
+    let later = poller
+        .until("a reading taken with 3 of ours in flight", |t| {
+            t.server_sample.is_some_and(|s| s.own_in_flight == 3)
+        })
+        .await;
+    let now = Instant::now();
+    assert_eq!(later.others_in_flight(WAIT, now), Some(0));
     poller.stop().await;
 }
 

@@ -36,6 +36,7 @@ live_collectors! {
     class_outstanding: IntGaugeVec = "gpulb_class_outstanding", "Requests of the class in flight now.", ["class"];
     service_seconds: GaugeVec = "gpulb_service_seconds", "Expected time a request of the class (of its mean response size) holds a slot on the backend, as measured for speed-aware placement.", ["class", "backend"];
     outstanding: IntGaugeVec = "gpulb_backend_outstanding", "Requests this proxy has in flight on the backend.", ["backend"];
+    others_outstanding: GaugeVec = "gpulb_backend_others_outstanding", "Requests on the backend that are not this proxy's (other replicas, direct clients), estimated from its model server's running + waiting; absent without a recent reading.", ["backend"];
     outstanding_tokens: IntGaugeVec = "gpulb_backend_outstanding_tokens", "Estimated tokens (prompt + max_tokens) of the requests this proxy has in flight on the backend, where their bodies were read.", ["backend"];
     kv_capacity: GaugeVec = "gpulb_backend_kv_cache_capacity_tokens", "The model server's KV-cache capacity in tokens, as it states it (vLLM cache_config_info).", ["backend"];
     healthy: IntGaugeVec = "gpulb_backend_healthy", "1 when the backend's active checks pass (or checks are off), else 0.", ["backend"];
@@ -97,6 +98,11 @@ impl Live {
             self.outstanding_tokens
                 .with_label_values(&name)
                 .set(i64::try_from(b.outstanding_tokens).unwrap_or(i64::MAX));
+            set_known(
+                &self.others_outstanding,
+                &name,
+                b.others_outstanding.map(f64::from),
+            );
             self.healthy.with_label_values(&name).set(flag(b.healthy()));
             self.eligible.with_label_values(&name).set(flag(b.eligible));
             self.ejected.with_label_values(&name).set(flag(b.ejected));

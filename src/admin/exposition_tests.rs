@@ -146,6 +146,7 @@ fn live_state_is_read_from_the_snapshot() {
             }),
         },
         taken_at: Instant::now(),
+        server_sample: None,
     })));
     a.state.telemetry_errors.fetch_add(4, Ordering::Relaxed);
     let reload = ReloadStatus {
@@ -253,6 +254,7 @@ fn the_grafana_example_uses_only_metrics_that_exist() {
                 }),
             },
             taken_at: Instant::now(),
+            server_sample: None,
         })));
     let reload = ReloadStatus::default();
     let text = render(&e, &m, &snap, Some(&reload));

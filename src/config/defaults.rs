@@ -77,6 +77,12 @@ pub(crate) fn outlier_max_percent() -> u32 {
 pub(crate) fn stale_after() -> Duration {
     Duration::from_secs(5)
 }
+pub(crate) fn count_others() -> bool {
+    true
+}
+pub(crate) fn others_max_age() -> Duration {
+    Duration::from_secs(2)
+}
 pub(crate) fn queue_depth() -> usize {
     128
 }

@@ -11,12 +11,23 @@ pub struct TelemetrySettings {
     /// A reading older than this is unknown: it neither excludes nor favours a backend.
     #[serde(default = "defaults::stale_after", with = "duration")]
     pub stale_after: Duration,
+    /// Whether admission counts the requests a backend's model server reports beyond this
+    /// proxy's own (other gpulb replicas, clients that bypass it) against the backend's
+    /// `max_outstanding` and each class's `backend_share` of it.
+    #[serde(default = "defaults::count_others")]
+    pub count_others: bool,
+    /// The oldest server reading that estimate is made from; older, only this proxy's own
+    /// requests count.
+    #[serde(default = "defaults::others_max_age", with = "duration")]
+    pub others_max_age: Duration,
 }
 
 impl Default for TelemetrySettings {
     fn default() -> Self {
         TelemetrySettings {
             stale_after: defaults::stale_after(),
+            count_others: defaults::count_others(),
+            others_max_age: defaults::others_max_age(),
         }
     }
 }

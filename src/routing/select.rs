@@ -15,7 +15,8 @@ impl Snapshot {
     /// What selection sees of backend `index` for a class with `guards`: healthy, not ejected,
     /// inside the guards (fresh telemetry only: stale is unknown), and its load with the model
     /// server's own running + waiting counts folded in, so other proxy replicas and clients
-    /// that bypass this proxy are seen.
+    /// that bypass this proxy are seen — in its score, and, with `telemetry.count_others`, in
+    /// its cap: their requests take slots of `max_outstanding` (and of the class's share) too.
     fn candidate(
         &self,
         index: usize,
@@ -25,15 +26,13 @@ impl Snapshot {
         now: Instant,
     ) -> Candidate {
         let b = &self.backends[index];
+        let settings = &self.config.telemetry;
         let outstanding = b.state.outstanding.get();
         let telemetry = b.state.telemetry.load();
         let fresh = telemetry
             .as_deref()
-            .filter(|t| is_fresh(t, self.config.telemetry.stale_after, now));
+            .filter(|t| is_fresh(t, settings.stale_after, now));
         let server = fresh.and_then(|t| t.reading.server.as_ref());
-        let reported = server
-            .map(|s| s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0))
-            .unwrap_or(0.0);
         let ours = b.state.outstanding_tokens.load(Ordering::Relaxed);
         let capacity = server.and_then(|s| s.kv_capacity_tokens.filter(|c| *c > 0.0));
         // The KV the server reports in use, or what this proxy alone has sent, if more.
@@ -41,14 +40,33 @@ impl Snapshot {
             .zip(server.and_then(|s| s.kv_cache_usage))
             .map_or(0, |(c, u)| (c * u.clamp(0.0, 1.0)) as u64)
             .max(ours);
+        let others = settings
+            .count_others
+            .then(|| fresh?.others_in_flight(settings.others_max_age, now))
+            .flatten();
+        let cap = share_of(b.max_outstanding, share);
+        let (load, max_outstanding) = match others {
+            // Ours as of now, theirs as of the reading.
+            Some(others) => (
+                outstanding.saturating_add(others),
+                cap.saturating_sub(others),
+            ),
+            None => {
+                let reported = server
+                    .map(|s| s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0))
+                    .unwrap_or(0.0);
+                // Our own requests are part of what the server reports: the larger, not the sum.
+                let reported = reported.clamp(0.0, f64::from(u32::MAX / 2)) as u32;
+                (outstanding.max(reported), cap)
+            }
+        };
         Candidate {
             work_tokens: kv_used,
             kv_free_tokens: capacity.map(|c| (c as u64).saturating_sub(kv_used)),
             outstanding,
-            // Our own requests are part of what the server reports: take the larger, not the sum.
-            load: outstanding.max(reported.clamp(0.0, f64::from(u32::MAX / 2)) as u32),
+            load,
             weight: b.weight,
-            max_outstanding: share_of(b.max_outstanding, share),
+            max_outstanding,
             eligible: b.state.eligible(now_ms) && !fresh.is_some_and(|t| t.reading.breaks(guards)),
             slowness_milli: REFERENCE_SPEED,
         }

@@ -212,3 +212,77 @@ fn leases_count_their_tokens_on_the_backend_until_dropped() {
     drop((lease, other));
     assert_eq!(counter.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
+
+/// One backend with room for 4, a bulk class allowed half of it, and a server that reports
+/// `running` requests of which this proxy had `own` in flight when it was read.
+fn shared_backend(count_others: bool, running: f64, own: u32) -> Snapshot {
+    let yaml = format!(
+        r#"
+health_check: {{enabled: false}}
+telemetry: {{count_others: {count_others}}}
+backends:
+  - {{name: a, url: "http://127.0.0.1:9001", max_outstanding: 4}}
+classes:
+  - {{name: chat, pool: default, match: {{path_prefix: /v1/chat/}}}}
+  - {{name: bulk, pool: default, backend_share: 0.5}}
+default_class: bulk
+"#
+    );
+    let snap = Snapshot::build(config(&yaml), 1, None);
+    let now = std::time::Instant::now();
+    let server = crate::telemetry::ServerLoad {
+        running: Some(running),
+        ..Default::default()
+    };
+    snap.backends[0]
+        .state
+        .telemetry
+        .store(Some(Arc::new(crate::telemetry::Telemetry {
+            reading: crate::telemetry::Reading {
+                gpus: vec![],
+                server: Some(server),
+            },
+            taken_at: now,
+            server_sample: Some(crate::telemetry::ServerSample {
+                taken_at: now,
+                own_in_flight: own,
+            }),
+        })));
+    snap
+}
+
+/// How many leases class `class` gets before it is refused (at most 10).
+fn leases_until_refused(snap: &Snapshot, class: usize) -> Vec<Lease> {
+    (0..10)
+        .map_while(|_| snap.acquire_for_class(class, &Demand::default(), &[]))
+        .collect()
+}
+
+#[test]
+fn other_replicas_requests_take_slots_of_the_cap_and_of_the_class_share() {
+    // The server runs 3 requests, none ours: one slot of 4 is left, and bulk's half is gone.
+    let snap = shared_backend(true, 3.0, 0);
+    assert_eq!(
+        leases_until_refused(&snap, 1).len(),
+        0,
+        "bulk: 3 of 4 in use"
+    );
+    assert_eq!(
+        leases_until_refused(&snap, 0).len(),
+        1,
+        "chat: one slot left"
+    );
+    // Without count_others only this proxy's own requests count against the cap.
+    let snap = shared_backend(false, 3.0, 0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 4);
+}
+
+#[test]
+fn our_own_requests_in_the_servers_count_are_not_counted_twice() {
+    // The server's 3 were all ours when it was read: nobody else is there.
+    let snap = shared_backend(true, 3.0, 3);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 4);
+    // Two of its three were ours: one other, so three slots for us.
+    let snap = shared_backend(true, 3.0, 2);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 3);
+}

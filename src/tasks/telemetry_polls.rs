@@ -1,8 +1,8 @@
 //! Runs each backend's telemetry poller, storing readings in its live state.
 
 use super::{BackendLoop, Stop};
-use crate::routing::{Backend, Snapshot};
-use crate::telemetry::{poll, SourceConfig};
+use crate::routing::{Backend, InflightCounter, Snapshot};
+use crate::telemetry::{poll, PollTarget, SourceConfig};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
@@ -21,6 +21,21 @@ impl BackendLoop for TelemetryPolling {
         let (url, sources) = spec.clone();
         let sink = Arc::clone(&backend.state.telemetry);
         let errors = Arc::clone(&backend.state.telemetry_errors);
-        tokio::spawn(poll(sources, url, sink, errors, shutdown))
+        let target = Arc::new(Outstanding(Arc::clone(&backend.state.outstanding)));
+        tokio::spawn(poll(sources, url, sink, errors, target, shutdown))
+    }
+}
+
+/// A backend's in-flight counter, as its telemetry loop sees it.
+struct Outstanding(Arc<InflightCounter>);
+
+impl PollTarget for Outstanding {
+    fn own_in_flight(&self) -> u32 {
+        self.0.get()
+    }
+
+    /// Queued requests are looked at again: other replicas' load may have fallen.
+    fn stored(&self) {
+        self.0.signal_capacity();
     }
 }

@@ -15,7 +15,7 @@ pub use crate::config::{GpuSelector, SourceConfig, SourceKind};
 pub use dcgm::parse_dcgm;
 pub use model_server::{parse_server_load, ServerKind};
 pub(crate) use poll::stopped;
-pub use poll::{poll, scrape, MAX_BODY};
+pub use poll::{poll, scrape, PollTarget, MAX_BODY};
 
 use std::time::{Duration, Instant};
 
@@ -157,6 +157,38 @@ pub struct Telemetry {
     pub reading: Reading,
     /// When it was read; its age tells the consumer whether to trust it.
     pub taken_at: Instant,
+    /// When the server-load part was read, and what this proxy itself had in flight on the
+    /// backend then; `None` without a server-load reading.
+    pub server_sample: Option<ServerSample>,
+}
+
+/// When a model server's load was read, with this proxy's own share of it at that moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServerSample {
+    /// When the server answered.
+    pub taken_at: Instant,
+    /// Requests this proxy had in flight on the backend as the answer arrived.
+    pub own_in_flight: u32,
+}
+
+impl Telemetry {
+    /// Requests on the backend that are not this proxy's — other gpulb replicas, clients that
+    /// bypass it — estimated as the server's running + waiting minus what this proxy had in
+    /// flight when it was read; `None` when that reading is older than `max_age` at `now` or
+    /// the server reports neither count.
+    pub fn others_in_flight(&self, max_age: Duration, now: Instant) -> Option<u32> {
+        let sample = self.server_sample?;
+        if now.saturating_duration_since(sample.taken_at) > max_age {
+            return None;
+        }
+        let server = self.reading.server.as_ref()?;
+        if server.running.is_none() && server.waiting.is_none() {
+            return None;
+        }
+        let reported = server.running.unwrap_or(0.0) + server.waiting.unwrap_or(0.0);
+        let others = reported.round() - f64::from(sample.own_in_flight);
+        Some(others.clamp(0.0, f64::from(u32::MAX / 2)) as u32)
+    }
 }
 
 /// Whether `t` is at most `max_age` old at `now`.

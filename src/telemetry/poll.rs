@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{dcgm, model_server, nvml};
-use super::{Reading, SourceConfig, SourceKind, Telemetry, TelemetryError};
+use super::{Reading, ServerSample, SourceConfig, SourceKind, Telemetry, TelemetryError};
 
 /// Largest metrics page read; vLLM's full page is a few hundred KiB.
 pub const MAX_BODY: usize = 8 << 20;
@@ -100,21 +100,33 @@ pub(crate) async fn fetch(url: &str, timeout: Duration) -> Result<String, Teleme
 struct Slot {
     config: SourceConfig,
     next: Instant,
-    last: Option<(Reading, Instant)>,
+    /// The last good reading, when it arrived, and this proxy's requests in flight then.
+    last: Option<(Reading, Instant, u32)>,
     failing: bool,
+}
+
+/// The backend a poll loop reads for, as the loop needs to see it.
+pub trait PollTarget: Send + Sync + 'static {
+    /// This proxy's requests in flight on the backend now (stored beside each reading, so the
+    /// server's own counts can be split into this proxy's share and everyone else's).
+    fn own_in_flight(&self) -> u32;
+    /// A new reading was stored (capacity may have appeared: the server's load fell).
+    fn stored(&self);
 }
 
 /// Polls a backend's sources until `shutdown` turns true (or its sender is dropped).
 ///
 /// Each source is read every `interval`; after a round in which any source succeeded, the
 /// merge of every source's last good reading is stored in `sink`, stamped with the oldest of
-/// their times. A failed read keeps that source's last reading (so the stamp ages), adds one
-/// to `errors`, and is logged only when the source turns from ok to failing and back.
+/// their times, and `target` is told. A failed read keeps that source's last reading (so the
+/// stamp ages), adds one to `errors`, and is logged only when the source turns from ok to
+/// failing and back.
 pub async fn poll(
     sources: Vec<SourceConfig>,
     backend_url: String,
     sink: Arc<ArcSwapOption<Telemetry>>,
     errors: Arc<AtomicU64>,
+    target: Arc<dyn PollTarget>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let start = Instant::now();
@@ -137,14 +149,16 @@ pub async fn poll(
             results = reads => results,
             () = stopped(&mut shutdown) => return,
         };
+        let own_in_flight = target.own_in_flight();
         let mut any_ok = false;
         for (&i, result) in due.iter().zip(results) {
             let slot = &mut slots[i];
             slot.next = (round + slot.config.interval).max(Instant::now());
-            any_ok |= record(slot, result, &backend_url, &errors);
+            any_ok |= record(slot, result, own_in_flight, &backend_url, &errors);
         }
         if any_ok {
             sink.store(Some(Arc::new(merged(&slots))));
+            target.stored();
         }
         let wake = slots.iter().map(|s| s.next).min().unwrap_or(round);
         tokio::select! {
@@ -164,6 +178,7 @@ pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 fn record(
     slot: &mut Slot,
     result: Result<Reading, TelemetryError>,
+    own_in_flight: u32,
     backend: &str,
     errors: &AtomicU64,
 ) -> bool {
@@ -174,7 +189,7 @@ fn record(
                 tracing::info!(backend, source, "telemetry source recovered");
                 slot.failing = false;
             }
-            slot.last = Some((reading, Instant::now()));
+            slot.last = Some((reading, Instant::now(), own_in_flight));
             true
         }
         Err(error) => {
@@ -188,16 +203,25 @@ fn record(
     }
 }
 
-/// Every source's last good reading, merged in config order, stamped with the oldest time.
+/// Every source's last good reading, merged in config order, stamped with the oldest time;
+/// the server sample is the first source's with server figures (the one whose counts win).
 fn merged(slots: &[Slot]) -> Telemetry {
     let mut reading = Reading::default();
     let mut oldest: Option<Instant> = None;
-    for (r, at) in slots.iter().filter_map(|s| s.last.as_ref()) {
+    let mut server_sample = None;
+    for (r, at, own_in_flight) in slots.iter().filter_map(|s| s.last.as_ref()) {
+        if server_sample.is_none() && r.server.is_some() {
+            server_sample = Some(ServerSample {
+                taken_at: at.into_std(),
+                own_in_flight: *own_in_flight,
+            });
+        }
         reading.merge(r);
         oldest = Some(oldest.map_or(*at, |o| o.min(*at)));
     }
     Telemetry {
         reading,
         taken_at: oldest.unwrap_or_else(Instant::now).into_std(),
+        server_sample,
     }
 }

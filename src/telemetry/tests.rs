@@ -160,6 +160,7 @@ fn freshness_is_judged_from_taken_at() {
     let t = Telemetry {
         reading: Reading::default(),
         taken_at: now,
+        server_sample: None,
     };
     let max = Duration::from_secs(3);
     assert!(is_fresh(&t, max, now));
@@ -169,6 +170,43 @@ fn freshness_is_judged_from_taken_at() {
         is_fresh(&t, max, now - Duration::from_secs(1)),
         "clock order"
     );
+}
+
+fn with_server(running: Option<f64>, waiting: Option<f64>, own: u32, at: Instant) -> Telemetry {
+    Telemetry {
+        reading: Reading {
+            gpus: vec![],
+            server: Some(ServerLoad {
+                running,
+                waiting,
+                ..ServerLoad::default()
+            }),
+        },
+        taken_at: at,
+        server_sample: Some(ServerSample {
+            taken_at: at,
+            own_in_flight: own,
+        }),
+    }
+}
+
+#[test]
+fn others_in_flight_is_the_servers_count_less_our_own() {
+    let now = Instant::now();
+    let max = Duration::from_secs(2);
+    let t = with_server(Some(6.0), Some(3.0), 4, now);
+    assert_eq!(t.others_in_flight(max, now), Some(5));
+    // The server saw fewer than we had sent (ours still on the wire): nobody else.
+    let t = with_server(Some(2.0), None, 4, now);
+    assert_eq!(t.others_in_flight(max, now), Some(0));
+    // Too old to say.
+    assert_eq!(t.others_in_flight(max, now + max * 2), None);
+    // No counts, or no server reading at all: unknown, not zero.
+    let t = with_server(None, None, 0, now);
+    assert_eq!(t.others_in_flight(max, now), None);
+    let mut t = with_server(Some(1.0), None, 0, now);
+    t.server_sample = None;
+    assert_eq!(t.others_in_flight(max, now), None);
 }
 
 #[test]

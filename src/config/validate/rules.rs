@@ -26,6 +26,11 @@ impl Config {
             "telemetry.stale_after",
             "must be > 0",
         );
+        report.check(
+            !self.telemetry.others_max_age.is_zero(),
+            "telemetry.others_max_age",
+            "must be > 0",
+        );
         for (i, pool) in self.pools.iter().enumerate() {
             check_guards(&pool.guards, &format!("pools[{i}].guards"), report);
         }
