@@ -151,11 +151,14 @@ struct Args {
     kv_tokens: usize,
 
     /// Targets, in run order: gpulb, gpulb-body, gpulb-unread, nginx-rr, nginx-lc, haproxy-rr,
-    /// haproxy-lc, haproxy-prio, gpulb-prefix, gpulb-ll, sglang-cache-aware. gpulb-body is gpulb
+    /// haproxy-lc, haproxy-prio, gpulb-prefix, gpulb-ll, sglang-cache-aware, gpulb-x2, gpulb-x3,
+    /// gpulb-x2-blind. gpulb-body is gpulb
     /// with classes chosen from the body only (no `x-priority` header sent; the interactive class
     /// matches `--body-match`); gpulb-unread reads no body; gpulb-prefix and gpulb-ll force the
     /// interactive placement to prefix_affinity and least_loaded; sglang-cache-aware is SGLang's
-    /// router with --policy cache_aware.
+    /// router with --policy cache_aware; gpulb-x2 and gpulb-x3 run two and three gpulb replicas
+    /// with gpulb's config, each request sent to one of them drawn at random from the seed, and
+    /// gpulb-x2-blind two with `telemetry.count_others: false`.
     #[arg(
         long,
         value_delimiter = ',',

@@ -375,6 +375,7 @@ fn against_baselines(t: &mut String, g: &TargetRun, baselines: &[&TargetRun]) {
 /// trace: no worse on interactive p99 TTFT and on bulk completed/s.
 fn against_gpulb(t: &mut String, v: &TargetRun, g: &TargetRun) {
     let name = &v.name;
+    let (ttft_max, bulk_min) = variant_target(name);
     let (vi, gi) = (
         class_stats(&v.outcomes, Class::Interactive, None),
         class_stats(&g.outcomes, Class::Interactive, None),
@@ -383,13 +384,13 @@ fn against_gpulb(t: &mut String, v: &TargetRun, g: &TargetRun) {
         let ratio = vv / gv;
         let _ = writeln!(
             t,
-            "- {name} vs gpulb, interactive p99 TTFT: {:.0} ms vs {:.0} ms = {:.3}x; interactive ok {} vs {} (target <= 1x, i.e. no worse): {}",
+            "- {name} vs gpulb, interactive p99 TTFT: {:.0} ms vs {:.0} ms = {:.3}x; interactive ok {} vs {} (target <= {ttft_max}x, every request ok): {}",
             vv * 1000.0,
             gv * 1000.0,
             ratio,
             vi.ok,
             gi.ok,
-            if ratio <= 1.0 && vi.ok >= gi.ok { "MET" } else { "NOT MET" }
+            if ratio <= ttft_max && vi.ok >= gi.ok { "MET" } else { "NOT MET" }
         );
     }
     let (vb, gb) = (
@@ -403,14 +404,25 @@ fn against_gpulb(t: &mut String, v: &TargetRun, g: &TargetRun) {
     };
     let _ = writeln!(
         t,
-        "- {name} vs gpulb, bulk completed/s: {:.3} vs {:.3} = {:.3}x; bulk ok {} vs {} (target >= 1x, i.e. no worse): {}",
+        "- {name} vs gpulb, bulk completed/s: {:.3} vs {:.3} = {:.3}x; bulk ok {} vs {} (target >= {bulk_min}x, every request ok): {}",
         vb.completed_per_s,
         gb.completed_per_s,
         ratio,
         vb.ok,
         gb.ok,
-        if ratio >= 1.0 && vb.ok >= gb.ok { "MET" } else { "NOT MET" }
+        if ratio >= bulk_min && vb.ok >= gb.ok { "MET" } else { "NOT MET" }
     );
+}
+
+/// What gpulb variant `name` is held to against one gpulb carrying the whole trace: the most
+/// its interactive p99 TTFT may be and the least its bulk completed/s may be, as ratios.
+/// Replicas (`gpulb-x2`, `gpulb-x3`...) may be 1.2x and 0.9x; every other variant no worse.
+pub fn variant_target(name: &str) -> (f64, f64) {
+    if name.starts_with("gpulb-x") {
+        (1.2, 0.9)
+    } else {
+        (1.0, 1.0)
+    }
 }
 
 /// One CSV line per request, for anyone who wants other figures.

@@ -31,10 +31,17 @@ pub enum Target {
     GpulbLeastLoaded,
     /// SGLang's router (PyPI `sglang-router`) with `--policy cache_aware`.
     SglangCacheAware,
+    /// Two gpulb replicas with `gpulb`'s config, the trace split between them at random.
+    GpulbReplicas2,
+    /// Three gpulb replicas, likewise.
+    GpulbReplicas3,
+    /// Two replicas with `telemetry.count_others: false`: each admits against its own
+    /// requests only (the load the other sends is seen in scores, not in caps).
+    GpulbReplicas2Blind,
 }
 
 /// Every target, in the order `--help` lists them.
-const ALL_TARGETS: [Target; 11] = [
+const ALL_TARGETS: [Target; 14] = [
     Target::Gpulb,
     Target::GpulbBody,
     Target::GpulbUnread,
@@ -46,6 +53,9 @@ const ALL_TARGETS: [Target; 11] = [
     Target::GpulbPrefix,
     Target::GpulbLeastLoaded,
     Target::SglangCacheAware,
+    Target::GpulbReplicas2,
+    Target::GpulbReplicas3,
+    Target::GpulbReplicas2Blind,
 ];
 
 impl Target {
@@ -62,6 +72,18 @@ impl Target {
             Target::GpulbPrefix => "gpulb-prefix",
             Target::GpulbLeastLoaded => "gpulb-ll",
             Target::SglangCacheAware => "sglang-cache-aware",
+            Target::GpulbReplicas2 => "gpulb-x2",
+            Target::GpulbReplicas3 => "gpulb-x3",
+            Target::GpulbReplicas2Blind => "gpulb-x2-blind",
+        }
+    }
+
+    /// How many processes of it run side by side, the trace split between them.
+    pub fn replicas(self) -> usize {
+        match self {
+            Target::GpulbReplicas2 | Target::GpulbReplicas2Blind => 2,
+            Target::GpulbReplicas3 => 3,
+            _ => 1,
         }
     }
 
@@ -93,6 +115,9 @@ impl Target {
                 | Target::GpulbUnread
                 | Target::GpulbPrefix
                 | Target::GpulbLeastLoaded
+                | Target::GpulbReplicas2
+                | Target::GpulbReplicas3
+                | Target::GpulbReplicas2Blind
         )
     }
 
@@ -154,6 +179,8 @@ pub struct GpulbKnobs {
     pub body_match: String,
     /// A user-supplied template instead of the generated config.
     pub template: Option<PathBuf>,
+    /// `telemetry.count_others`: admission counts other replicas' requests on each backend.
+    pub count_others: bool,
 }
 
 /// How a generated gpulb config tells interactive requests from bulk ones.
@@ -219,7 +246,11 @@ fn globals(y: &mut String, s: &Setup) {
     let _ = writeln!(y, "access_log: {{enabled: {}}}", s.gpulb.access_log);
     let _ = writeln!(y, "timeouts: {{read: 300s}}");
     let _ = writeln!(y, "health_check: {{interval: 1s, rise: 1}}");
-    let _ = writeln!(y, "telemetry: {{stale_after: 2s}}");
+    let _ = writeln!(
+        y,
+        "telemetry: {{stale_after: 2s, count_others: {}}}",
+        s.gpulb.count_others
+    );
 }
 
 /// One backend per worker, with a slot per sequence it can run and model-server telemetry.
@@ -492,15 +523,26 @@ fn haproxy_config(s: &Setup, target: Target) -> String {
 }
 
 /// Writes the target's config into the run directory and starts it.
-pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard, PathBuf), String> {
-    let name = target.name();
+pub fn start(
+    target: Target,
+    s: &Setup,
+    gpulb_bin: &Path,
+    replica: usize,
+) -> Result<(ChildGuard, PathBuf), String> {
+    let name = match target.replicas() {
+        1 => target.name().to_string(),
+        _ => format!("{}-{replica}", target.name()),
+    };
     let log = s.dir.join(format!("{name}.log"));
     let (cmd, config_path) = match target {
         Target::Gpulb
         | Target::GpulbBody
         | Target::GpulbUnread
         | Target::GpulbPrefix
-        | Target::GpulbLeastLoaded => {
+        | Target::GpulbLeastLoaded
+        | Target::GpulbReplicas2
+        | Target::GpulbReplicas3
+        | Target::GpulbReplicas2Blind => {
             let classify = match target {
                 Target::GpulbBody => Classify::Body,
                 Target::GpulbUnread => Classify::HeaderUnread,
@@ -511,6 +553,7 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
             if let Some(p) = target.forced_placement() {
                 knobs.interactive_placement = p.to_string();
             }
+            knobs.count_others &= target != Target::GpulbReplicas2Blind;
             let setup = Setup {
                 gpulb: &knobs,
                 ..*s
@@ -548,7 +591,7 @@ pub fn start(target: Target, s: &Setup, gpulb_bin: &Path) -> Result<(ChildGuard,
         }
         Target::SglangCacheAware => sglang_command(s)?,
     };
-    let child = ChildGuard::spawn(name, cmd, &log)
+    let child = ChildGuard::spawn(&name, cmd, &log)
         .map_err(|e| format!("cannot start {name}: {e} (is it installed?)"))?;
     Ok((child, config_path))
 }
@@ -610,6 +653,7 @@ mod tests {
             access_log: false,
             body_match: "{stream: true, max_tokens: {max: 100}}".into(),
             template: None,
+            count_others: true,
         }
     }
 

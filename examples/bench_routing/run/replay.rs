@@ -18,11 +18,13 @@ use tokio::sync::{watch, Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// Where the trace goes: the target, and gpulb's admin address for the `/status` sampler.
+/// Where the trace goes: the target (one base URL per replica: each request goes to one of
+/// them, drawn at random from the seed), and gpulb's admin addresses for the `/status` samplers.
 pub struct Endpoint {
-    pub base: String,
-    pub admin: Option<String>,
-    /// JSON lines of the sampled `/status` go here (gpulb only).
+    pub bases: Vec<String>,
+    /// gpulb only: one per replica, in the order of `bases`.
+    pub admins: Vec<String>,
+    /// JSON lines of the sampled `/status` go here (gpulb only; replica N > 0 adds `.N`).
     pub status_log: PathBuf,
     /// Whether interactive requests carry `x-priority: interactive`.
     pub priority_header: bool,
@@ -81,14 +83,25 @@ pub async fn replay(
     let t0 = Instant::now() + Duration::from_millis(300);
     let (stop_tx, stop_rx) = watch::channel(false);
     let sim_sampler = tokio::spawn(sample_fleet(fleet, stop_rx.clone()));
-    let status_sampler = to.admin.map(|admin| {
-        let client = client::client(Duration::from_secs(2));
-        tokio::spawn(sample_status(client, admin, to.status_log, t0, stop_rx))
-    });
+    let status_samplers: Vec<_> = to
+        .admins
+        .into_iter()
+        .enumerate()
+        .map(|(i, admin)| {
+            let client = client::client(Duration::from_secs(2));
+            let mut log = to.status_log.clone().into_os_string();
+            if i > 0 {
+                log.push(format!(".{i}"));
+            }
+            let stop = stop_rx.clone();
+            tokio::spawn(sample_status(client, admin, log.into(), t0, stop))
+        })
+        .collect();
 
     let shared = Arc::new(Shared {
         client,
-        base: to.base,
+        seed: a.seed,
+        bases: to.bases,
         priority_header: to.priority_header,
         trace: trace.clone(),
         bodies,
@@ -104,10 +117,18 @@ pub async fn replay(
     let _ = stop_tx.send(true);
     let (sim_max_waiting, sim_mean_running, sim_max_outstanding) =
         sim_sampler.await.unwrap_or_default();
-    let (gpulb_max_queue, gpulb_answered) = match status_sampler {
-        Some(h) => h.await.unwrap_or_default(),
-        None => Default::default(),
-    };
+    // Over replicas: the sum of each one's largest queue, and of what each answered.
+    let (mut gpulb_max_queue, mut gpulb_answered) = (BTreeMap::new(), BTreeMap::new());
+    for h in status_samplers {
+        let (queues, answered): (BTreeMap<String, usize>, BTreeMap<String, u64>) =
+            h.await.unwrap_or_default();
+        for (class, q) in queues {
+            *gpulb_max_queue.entry(class).or_default() += q;
+        }
+        for (class, n) in answered {
+            *gpulb_answered.entry(class).or_default() += n;
+        }
+    }
     Replay {
         outcomes,
         unfinished,
@@ -124,7 +145,9 @@ pub async fn replay(
 /// What every request task reads.
 struct Shared {
     client: reqwest::Client,
-    base: String,
+    /// The trace's seed, from which each request's replica is drawn.
+    seed: u64,
+    bases: Vec<String>,
     priority_header: bool,
     trace: Arc<Vec<Req>>,
     bodies: Arc<Vec<String>>,
@@ -199,7 +222,7 @@ async fn send_at(s: Arc<Shared>, index: usize) -> Outcome {
     let _pass = s.gate.enter().await;
     client::send(
         &s.client,
-        &s.base,
+        &s.bases[replica_of(s.seed, index, s.bases.len())],
         index,
         req,
         s.bodies[index].clone(),
@@ -207,6 +230,20 @@ async fn send_at(s: Arc<Shared>, index: usize) -> Outcome {
         scheduled,
     )
     .await
+}
+
+/// The replica (of `n`) request `index` goes to: a hash of the seed and the index, so the
+/// split is random, the same for every target of a run and every run of a seed.
+fn replica_of(seed: u64, index: usize, n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    // splitmix64's finalizer.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % n as u64) as usize
 }
 
 /// The outcomes as requests finish, until every task has or `deadline` passes (the rest are

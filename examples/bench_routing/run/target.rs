@@ -80,67 +80,80 @@ fn knobs(a: &Args) -> GpulbKnobs {
         access_log: a.gpulb_access_log,
         body_match: a.body_match.clone(),
         template: a.gpulb_config.clone(),
+        count_others: true,
     }
 }
 
-/// Runs `target` through the trace; returns what was measured and the path of its config.
+/// Runs `target` through the trace; returns what was measured and the path of its config (the
+/// first replica's, when it runs several).
 pub fn run_target(
     bench: &Bench,
     plan: &Plan,
     target: Target,
 ) -> Result<(TargetRun, PathBuf), String> {
     let name = target.name();
-    let listen_port = free_port().map_err(|e| e.to_string())?;
-    let admin_port = free_port().map_err(|e| e.to_string())?;
-    let setup = plan.setup(listen_port, admin_port);
-    let (mut child, config_path) = targets::start(target, &setup, plan.gpulb_bin)?;
-    let to = Endpoint {
-        base: format!("http://127.0.0.1:{listen_port}"),
-        admin: target
-            .is_gpulb()
-            .then(|| format!("http://127.0.0.1:{admin_port}")),
+    let mut children = Vec::new();
+    let mut config_path = None;
+    let mut to = Endpoint {
+        bases: Vec::new(),
+        admins: Vec::new(),
         priority_header: target.priority_header(),
         status_log: plan.dir.join(format!("{name}-status.jsonl")),
     };
-    eprintln!(
-        "[bench] {name}: starting (pid {}), config {}",
-        child.pid(),
-        plan.dir.display()
-    );
-    let log = plan.dir.join(format!("{name}.log"));
-    let workers = plan.a.workers;
-    bench.block_on(wait_ready(
-        &mut child,
-        &to.base,
-        to.admin.as_deref(),
-        workers,
-        &log,
-    ))?;
+    for replica in 0..target.replicas() {
+        let listen_port = free_port().map_err(|e| e.to_string())?;
+        let admin_port = free_port().map_err(|e| e.to_string())?;
+        let setup = plan.setup(listen_port, admin_port);
+        let (mut child, path) = targets::start(target, &setup, plan.gpulb_bin, replica)?;
+        let base = format!("http://127.0.0.1:{listen_port}");
+        let admin = target
+            .is_gpulb()
+            .then(|| format!("http://127.0.0.1:{admin_port}"));
+        eprintln!(
+            "[bench] {}: starting (pid {}), config {}",
+            child.name,
+            child.pid(),
+            path.display()
+        );
+        let log = plan.dir.join(format!("{}.log", child.name));
+        bench.block_on(wait_ready(
+            &mut child,
+            &base,
+            admin.as_deref(),
+            plan.a.workers,
+            &log,
+        ))?;
+        to.bases.push(base);
+        to.admins.extend(admin);
+        config_path.get_or_insert(path);
+        children.push(child);
+    }
     if !bench.block_on(fleet::wait_idle(&bench.fleet)) {
         eprintln!("[bench] warning: the fleet was still busy after 60 s before {name}");
     }
-    let run = measure(bench, plan, name, &mut child, to);
+    let run = measure(bench, plan, name, &mut children, to);
     let _ = std::fs::write(
         plan.dir.join(format!("{name}-requests.csv")),
         report::csv(&run),
     );
     log_summary(&run);
-    Ok((run, config_path))
+    Ok((run, config_path.expect("at least one replica")))
 }
 
-/// Replays the trace against the running `child`, with the CPU it and the harness spent
-/// meanwhile, then stops it.
+/// Replays the trace against the running `children` (the target's replicas), with the CPU
+/// they and the harness spent meanwhile, then stops them.
 fn measure(
     bench: &Bench,
     plan: &Plan,
     name: &str,
-    child: &mut ChildGuard,
+    children: &mut [ChildGuard],
     to: Endpoint,
 ) -> TargetRun {
     let bodies = plan.bodies(name);
     let cache_before = fleet::cache_counters(&bench.fleet);
     let cpu_before = SelfCpu::read();
-    let proxy_before = procs::group_cpu(child.pid());
+    let proxy_cpu = || -> f64 { children.iter().map(|c| procs::group_cpu(c.pid())).sum() };
+    let proxy_before = proxy_cpu();
     eprintln!("[bench] {name}: replaying {} requests", plan.trace.len());
     let r = bench.block_on(replay::replay(
         plan.a,
@@ -150,12 +163,17 @@ fn measure(
         bench.fleet.clone(),
     ));
     let cache_after = fleet::cache_counters(&bench.fleet);
-    let proxy_cpu = procs::group_cpu(child.pid()) - proxy_before;
+    let proxy_cpu = proxy_cpu() - proxy_before;
     let self_cpu = SelfCpu::read().since(cpu_before);
-    if let Some(how) = child.exited() {
-        eprintln!("[bench] warning: {name} exited during the run ({how})");
+    for child in children.iter_mut() {
+        if let Some(how) = child.exited() {
+            eprintln!(
+                "[bench] warning: {} exited during the run ({how})",
+                child.name
+            );
+        }
+        child.stop();
     }
-    child.stop();
     let mut run = r.into_run(name, self_cpu, proxy_cpu);
     run.prefix_cache = cache_after
         .iter()
