@@ -117,7 +117,10 @@ pub fn build_server(
     ));
     server.add_service(background_service(
         "gpulb telemetry",
-        PerBackend::new(Arc::clone(&registry), TelemetryPolling),
+        PerBackend::new(
+            Arc::clone(&registry),
+            TelemetryPolling::new(Arc::clone(&registry)),
+        ),
     ));
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(

@@ -6,7 +6,7 @@ use common::{eventually, free_port, Killed, STOP, WAIT};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ fn source(kind: SourceKind) -> SourceConfig {
 struct Proxied {
     in_flight: AtomicU32,
     stored: AtomicU64,
+    /// Whether to ask for 20 ms reads.
+    hurried: AtomicBool,
 }
 
 impl PollTarget for Proxied {
@@ -44,6 +46,14 @@ impl PollTarget for Proxied {
     }
     fn stored(&self) {
         self.stored.fetch_add(1, Ordering::Relaxed);
+    }
+    fn hurry(&self) -> Option<Duration> {
+        self.hurried
+            .load(Ordering::Relaxed)
+            .then_some(Duration::from_millis(20))
+    }
+    fn hurry_check(&self) -> Option<Duration> {
+        Some(Duration::from_millis(20))
     }
 }
 
@@ -223,6 +233,34 @@ async fn each_server_reading_carries_what_this_proxy_had_in_flight_and_is_announ
         .await;
     let now = Instant::now();
     assert_eq!(later.others_in_flight(WAIT, now), Some(0));
+    poller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hurried_poller_reads_the_model_server_faster_than_its_interval() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w5"))
+        .await
+        .expect("worker");
+    let slow = SourceConfig {
+        interval: Duration::from_secs(60),
+        ..source(SourceKind::ModelServer {
+            server: ServerKind::Vllm,
+            url: None,
+        })
+    };
+    let poller = start_poll(vec![slow], worker.url());
+    poller.until("the first reading", |_| true).await;
+    let first = poller.proxied.stored.load(Ordering::Relaxed);
+    // Not hurried: the next read is a minute away.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(poller.proxied.stored.load(Ordering::Relaxed), first);
+    // Hurried: every 20 ms.
+    poller.proxied.hurried.store(true, Ordering::Relaxed);
+    eventually(WAIT, "five hurried readings", || {
+        let n = poller.proxied.stored.load(Ordering::Relaxed);
+        async move { (n >= first + 5).then_some(()) }
+    })
+    .await;
     poller.stop().await;
 }
 

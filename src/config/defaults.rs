@@ -83,6 +83,9 @@ pub(crate) fn count_others() -> bool {
 pub(crate) fn others_max_age() -> Duration {
     Duration::from_secs(2)
 }
+pub(crate) fn waiting_interval() -> Option<Duration> {
+    Some(Duration::from_millis(50))
+}
 pub(crate) fn queue_depth() -> usize {
     128
 }

@@ -35,6 +35,27 @@ pub mod option {
     }
 }
 
+/// Durations that may be turned off: `Option<Duration>` fields with
+/// `#[serde(default = ..., with = "duration::or_off")]`; the text `off` is `None`.
+pub mod or_off {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    /// Deserializes `off` as `None`, anything else as a duration.
+    pub fn deserialize<'de, D>(deserializer: D) -> Result<Option<Duration>, D::Error>
+    where
+        D: Deserializer<'de>,
+    {
+        let text = String::deserialize(deserializer)?;
+        if text.trim() == "off" {
+            return Ok(None);
+        }
+        super::parse(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Formats a duration the way the config file writes it.
 pub fn format(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()

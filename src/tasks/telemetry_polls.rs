@@ -1,13 +1,23 @@
 //! Runs each backend's telemetry poller, storing readings in its live state.
 
 use super::{BackendLoop, Stop};
-use crate::routing::{Backend, InflightCounter, Snapshot};
+use crate::routing::{Backend, BackendState, Registry, Snapshot};
 use crate::telemetry::{poll, PollTarget, SourceConfig};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 /// The telemetry loop of every backend that lists sources.
-pub struct TelemetryPolling;
+pub struct TelemetryPolling {
+    registry: Arc<Registry>,
+}
+
+impl TelemetryPolling {
+    /// Loops for the backends of `registry`, whose queues and settings they consult.
+    pub fn new(registry: Arc<Registry>) -> Self {
+        TelemetryPolling { registry }
+    }
+}
 
 impl BackendLoop for TelemetryPolling {
     /// The backend's URL and its sources.
@@ -21,21 +31,51 @@ impl BackendLoop for TelemetryPolling {
         let (url, sources) = spec.clone();
         let sink = Arc::clone(&backend.state.telemetry);
         let errors = Arc::clone(&backend.state.telemetry_errors);
-        let target = Arc::new(Outstanding(Arc::clone(&backend.state.outstanding)));
+        let target = Arc::new(Polled {
+            registry: Arc::clone(&self.registry),
+            state: Arc::clone(&backend.state),
+        });
         tokio::spawn(poll(sources, url, sink, errors, target, shutdown))
     }
 }
 
-/// A backend's in-flight counter, as its telemetry loop sees it.
-struct Outstanding(Arc<InflightCounter>);
+/// A backend as its telemetry loop sees it: its live state, and the queues that wait on it.
+struct Polled {
+    registry: Arc<Registry>,
+    state: Arc<BackendState>,
+}
 
-impl PollTarget for Outstanding {
+impl PollTarget for Polled {
     fn own_in_flight(&self) -> u32 {
-        self.0.get()
+        self.state.outstanding.get()
     }
 
     /// Queued requests are looked at again: other replicas' load may have fallen.
     fn stored(&self) {
-        self.0.signal_capacity();
+        self.state.outstanding.signal_capacity();
+    }
+
+    /// `telemetry.waiting_interval` while requests wait in a queue and the last reading showed
+    /// other replicas' requests on this backend: the room they free is seen that much sooner.
+    fn hurry(&self) -> Option<Duration> {
+        let snapshot = self.registry.load();
+        let settings = &snapshot.config.telemetry;
+        let every = settings
+            .waiting_interval
+            .filter(|_| settings.count_others)?;
+        let others = self
+            .state
+            .telemetry
+            .load()
+            .as_deref()
+            .and_then(|t| t.others_in_flight(settings.others_max_age, Instant::now()));
+        let waiting = || snapshot.classes.iter().any(|c| c.state.queues.depth() > 0);
+        (others.unwrap_or(0) > 0 && waiting()).then_some(every)
+    }
+
+    fn hurry_check(&self) -> Option<Duration> {
+        let snapshot = self.registry.load();
+        let settings = &snapshot.config.telemetry;
+        settings.waiting_interval.filter(|_| settings.count_others)
     }
 }

@@ -102,7 +102,21 @@ struct Slot {
     next: Instant,
     /// The last good reading, when it arrived, and this proxy's requests in flight then.
     last: Option<(Reading, Instant, u32)>,
+    /// When it was last read, successfully or not.
+    read_at: Option<Instant>,
     failing: bool,
+}
+
+impl Slot {
+    /// Whether it is to be read at `now`: its interval is up, or it reads a model server that
+    /// was last read at least `hurry` ago.
+    fn due(&self, now: Instant, hurry: Option<Duration>) -> bool {
+        let hurried = hurry.is_some_and(|every| {
+            matches!(self.config.kind, SourceKind::ModelServer { .. })
+                && self.read_at.is_none_or(|at| at + every <= now)
+        });
+        self.next <= now || hurried
+    }
 }
 
 /// The backend a poll loop reads for, as the loop needs to see it.
@@ -112,6 +126,16 @@ pub trait PollTarget: Send + Sync + 'static {
     fn own_in_flight(&self) -> u32;
     /// A new reading was stored (capacity may have appeared: the server's load fell).
     fn stored(&self);
+    /// How often to read the model server while someone waits on what it will say next
+    /// (requests queued for room other replicas hold); `None`: each source's own interval.
+    fn hurry(&self) -> Option<Duration> {
+        None
+    }
+    /// The longest the loop may sleep before asking [`PollTarget::hurry`] again; `None`: it
+    /// sleeps until a source is due.
+    fn hurry_check(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Polls a backend's sources until `shutdown` turns true (or its sender is dropped).
@@ -136,13 +160,15 @@ pub async fn poll(
             config,
             next: start,
             last: None,
+            read_at: None,
             failing: false,
         })
         .collect();
     while !slots.is_empty() && !*shutdown.borrow() {
         let round = Instant::now();
+        let hurry = target.hurry();
         let due: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].next <= round)
+            .filter(|&i| slots[i].due(round, hurry))
             .collect();
         let reads = join_all(due.iter().map(|&i| scrape(&slots[i].config, &backend_url)));
         let results = tokio::select! {
@@ -154,13 +180,17 @@ pub async fn poll(
         for (&i, result) in due.iter().zip(results) {
             let slot = &mut slots[i];
             slot.next = (round + slot.config.interval).max(Instant::now());
+            slot.read_at = Some(round);
             any_ok |= record(slot, result, own_in_flight, &backend_url, &errors);
         }
         if any_ok {
             sink.store(Some(Arc::new(merged(&slots))));
             target.stored();
         }
-        let wake = slots.iter().map(|s| s.next).min().unwrap_or(round);
+        let mut wake = slots.iter().map(|s| s.next).min().unwrap_or(round);
+        if let Some(check) = target.hurry_check() {
+            wake = wake.min(Instant::now() + check);
+        }
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {}
             () = stopped(&mut shutdown) => return,

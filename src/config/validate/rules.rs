@@ -3,6 +3,7 @@
 use super::Report;
 use crate::config::{ClassConfig, Config};
 use std::collections::HashSet;
+use std::time::Duration;
 
 impl Config {
     pub(super) fn validate_health(&self, report: &mut Report) {
@@ -30,6 +31,13 @@ impl Config {
             !self.telemetry.others_max_age.is_zero(),
             "telemetry.others_max_age",
             "must be > 0",
+        );
+        report.check(
+            self.telemetry
+                .waiting_interval
+                .is_none_or(|d| d >= Duration::from_millis(10)),
+            "telemetry.waiting_interval",
+            "must be at least 10ms (or off): each read costs the model server a /metrics page",
         );
         for (i, pool) in self.pools.iter().enumerate() {
             check_guards(&pool.guards, &format!("pools[{i}].guards"), report);
