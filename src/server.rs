@@ -4,7 +4,7 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
-use crate::lifecycle::{Drain, Lifecycle};
+use crate::lifecycle::{Drain, Lifecycle, StopAccepting};
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
@@ -132,7 +132,7 @@ pub fn build_server(
     );
     proxy.add_tcp(&listen.to_string());
     proxy.threads = Some(threads);
-    server.add_service(proxy);
+    server.add_service(StopAccepting::new(proxy, lifecycle.proxy_listener()));
 
     if let Some(admin) = admin {
         // Validation already proved the token readable; a failure here means it vanished since.

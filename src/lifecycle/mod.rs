@@ -1,10 +1,15 @@
 //! The process's lifecycle as the outside sees it, and the drain that orders a graceful stop.
 //!
 //! On SIGTERM gpulb drains in the order Kubernetes needs: readiness turns false at once while
-//! traffic is still served for `drain_delay` (so endpoints are withdrawn); then new requests are
-//! refused with 503 and in-flight and queued requests get `shutdown_timeout` to finish; queued
-//! requests still waiting then get a clean 503; only then is pingora told to stop, so no
+//! traffic is still served for `drain_delay` (so endpoints are withdrawn); then the proxy's
+//! listener stops accepting (new connections are refused; a new request on a connection
+//! already open gets a 503) and in-flight and queued requests get `shutdown_timeout` to finish;
+//! queued requests still waiting then get a clean 503; only then is pingora told to stop, so no
 //! stream is cut. SIGINT stops at once, also during a drain.
+
+mod listeners;
+
+pub use listeners::{AcceptSwitch, StopAccepting};
 
 use crate::admission::ShedReason;
 use crate::routing::Registry;
@@ -26,26 +31,39 @@ pub enum Phase {
     Serving = 0,
     /// Told to stop: not ready, still serving every request.
     Draining = 1,
-    /// Finishing what is in flight; new requests are refused.
+    /// Finishing what is in flight; the proxy's listener is closed and a new request on a
+    /// connection still open is refused.
     Closing = 2,
 }
 
-/// The lifecycle phase, shared by the proxy, the admin probes and the drain.
+/// The lifecycle phase, shared by the proxy, the admin probes and the drain, and the switch
+/// that closes the proxy's listener when the phase reaches [`Phase::Closing`].
 #[derive(Debug, Default)]
-pub struct Lifecycle(AtomicU8);
+pub struct Lifecycle {
+    phase: AtomicU8,
+    proxy_listener: Arc<AcceptSwitch>,
+}
 
 impl Lifecycle {
     /// The phase now.
     pub fn phase(&self) -> Phase {
-        match self.0.load(Ordering::Acquire) {
+        match self.phase.load(Ordering::Acquire) {
             0 => Phase::Serving,
             1 => Phase::Draining,
             _ => Phase::Closing,
         }
     }
 
+    /// The switch that stops the proxy's listener.
+    pub fn proxy_listener(&self) -> Arc<AcceptSwitch> {
+        Arc::clone(&self.proxy_listener)
+    }
+
     fn enter(&self, phase: Phase) {
-        self.0.store(phase as u8, Ordering::Release);
+        self.phase.store(phase as u8, Ordering::Release);
+        if phase == Phase::Closing {
+            self.proxy_listener.stop();
+        }
     }
 }
 
@@ -178,8 +196,10 @@ mod tests {
         let stop = tokio::spawn(async move { drain.recv().await });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(lifecycle.phase(), Phase::Draining);
+        assert!(!lifecycle.proxy_listener().stopped());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(lifecycle.phase(), Phase::Closing);
+        assert!(lifecycle.proxy_listener().stopped());
         assert!(!stop.is_finished(), "a request is still in flight");
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(grant);
