@@ -140,7 +140,10 @@ pub fn build_server(
             tracing::error!(error = %e, "admin token unavailable; mutating admin endpoints are refused");
             None
         });
-        let guard_all = !admin.listen.ip().is_loopback();
+        let guard = crate::admin::auth::Guard {
+            all: !admin.listen.ip().is_loopback(),
+            public_metrics: admin.public_metrics,
+        };
         let history = Arc::new(crate::admin::history::History::default());
         server.add_service(background_service(
             "gpulb history",
@@ -154,7 +157,7 @@ pub fn build_server(
             Arc::clone(&registry),
             reloader,
             token,
-            guard_all,
+            guard,
             metrics,
             history,
             lifecycle,
