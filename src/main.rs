@@ -50,6 +50,27 @@ fn main() -> ExitCode {
             workers: usize::from(workers),
         })
         .map_err(|e| e.to_string()),
+        Command::Sim {
+            listen,
+            name,
+            models,
+            decode_step,
+            max_running,
+            kv_budget_tokens,
+            gpu_index,
+        } => gpulb::tools::sim_serve::run(gpulb::tools::sim_serve::SimOptions {
+            listen,
+            name,
+            models,
+            decode_step,
+            max_running: usize::from(max_running),
+            kv_budget_tokens: kv_budget_tokens as usize,
+            gpu_index,
+        })
+        .map_err(|e| e.to_string()),
+        Command::Probe { url, timeout } => {
+            gpulb::tools::probe::run(&url, timeout).map_err(|e| e.to_string())
+        }
         Command::Agent { listen, gpus } => {
             gpulb::tools::agent::run(gpulb::tools::agent::AgentOptions { listen, gpus })
                 .map_err(|e| e.to_string())
