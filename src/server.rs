@@ -112,6 +112,10 @@ pub fn build_server(
         Err(e) => return Err(StartError::Client(e.to_string())),
     };
     server.add_service(background_service(
+        "gpulb dns discovery",
+        crate::discovery::DnsDiscovery::new(Arc::clone(&registry)),
+    ));
+    server.add_service(background_service(
         "gpulb dispatch",
         Dispatcher::new(Arc::clone(&registry)),
     ));

@@ -98,7 +98,9 @@ impl AdminApp {
     }
 
     fn fleet(&self) -> FleetView {
-        FleetView::read(&self.registry.load(), &self.metrics, STATUS_LATENCY_SPAN_S)
+        let mut view = FleetView::read(&self.registry.load(), &self.metrics, STATUS_LATENCY_SPAN_S);
+        view.discovery = self.registry.discovery();
+        view
     }
 
     fn reload(&self) -> Response<Vec<u8>> {
