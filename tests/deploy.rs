@@ -195,18 +195,16 @@ fn kubernetes_manifests_agree_with_each_other_and_the_config() {
     assert!(selects(&pdb["spec"]["selector"]["matchLabels"], pod_labels));
     assert!(pdb["spec"]["minAvailable"].as_u64().unwrap() < 2);
 
-    // The model servers' headless Service, and the config's backends named through it.
+    // The model servers' headless Service, and the pool discovering them through its name.
     let headless = find(&docs, "Service", "vllm");
     assert_eq!(headless["spec"]["clusterIP"], "None");
     let model_port = headless["spec"]["ports"][0]["port"].as_u64().unwrap();
-    let backends = config["backends"].as_sequence().unwrap();
-    for backend in backends {
-        let url = backend["url"].as_str().unwrap();
-        assert!(
-            url.contains(".vllm.") && url.ends_with(&format!(":{model_port}")),
-            "{url}"
-        );
-    }
+    let discover = &config["pools"][0]["discover"];
+    let dns = discover["dns"].as_str().expect("the pool discovers its backends");
+    assert!(
+        dns.starts_with("vllm.") && dns.ends_with(&format!(".svc.cluster.local:{model_port}")),
+        "{dns}"
+    );
 }
 
 #[test]
