@@ -22,6 +22,13 @@ pub enum Command {
         /// YAML config file (see conf/gpulb.yaml).
         #[arg(long, short)]
         config: PathBuf,
+        /// Take the listening sockets over from the running gpulb (send it SIGQUIT next): a
+        /// binary upgrade without a refused connection.
+        #[arg(long)]
+        upgrade: bool,
+        /// Unix socket the listening sockets are handed over through, on SIGQUIT and --upgrade.
+        #[arg(long, default_value = crate::lifecycle::handover::DEFAULT_SOCKET)]
+        upgrade_socket: PathBuf,
     },
     /// Validate a config file: print a summary, or every error with its field path.
     Check {

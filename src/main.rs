@@ -33,12 +33,20 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(format!("{}: invalid:\n{e}", config.display())),
         },
-        Command::Serve { config } => Config::load(&config)
+        Command::Serve {
+            config,
+            upgrade,
+            upgrade_socket,
+        } => Config::load(&config)
             .map_err(|e| format!("{}: invalid:\n{e}", config.display()))
             .and_then(|c| {
                 gpulb::access_log::init(c.access_log.format());
-                gpulb::server::run(c, gpulb::server::Source::File(config), None)
-                    .map_err(|e| e.to_string())
+                let handover = gpulb::lifecycle::Handover {
+                    socket: upgrade_socket,
+                    take_over: upgrade,
+                };
+                let source = gpulb::server::Source::File(config);
+                gpulb::server::run(c, source, None, handover).map_err(|e| e.to_string())
             }),
         Command::Demo {
             listen,

@@ -200,7 +200,9 @@ fn kubernetes_manifests_agree_with_each_other_and_the_config() {
     assert_eq!(headless["spec"]["clusterIP"], "None");
     let model_port = headless["spec"]["ports"][0]["port"].as_u64().unwrap();
     let discover = &config["pools"][0]["discover"];
-    let dns = discover["dns"].as_str().expect("the pool discovers its backends");
+    let dns = discover["dns"]
+        .as_str()
+        .expect("the pool discovers its backends");
     assert!(
         dns.starts_with("vllm.") && dns.ends_with(&format!(".svc.cluster.local:{model_port}")),
         "{dns}"

@@ -6,14 +6,21 @@
 //! already open gets a 503) and in-flight and queued requests get `shutdown_timeout` to finish;
 //! queued requests still waiting then get a clean 503; only then is pingora told to stop, so no
 //! stream is cut. SIGINT stops at once, also during a drain.
+//!
+//! On SIGQUIT gpulb hands its listening sockets to a new process started with `--upgrade`
+//! (pingora's socket hand-over, [`handover`]), stops accepting on them, and exits once what it
+//! has in flight is done (within `shutdown_timeout`); if the hand-over fails it keeps serving.
 
+pub mod handover;
 mod listeners;
 
+pub use handover::Handover;
 pub use listeners::{AcceptSwitch, StopAccepting};
 
 use crate::admission::ShedReason;
 use crate::routing::Registry;
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,6 +29,9 @@ use tokio::time::Instant;
 
 /// How often the drain looks at what is still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// How long the old process keeps accepting after a hand-over, closing each connection after
+/// its response, before it closes the idle ones.
+const HANDOVER_LINGER: Duration = Duration::from_secs(1);
 
 /// Where the process is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,12 +46,14 @@ pub enum Phase {
     Closing = 2,
 }
 
-/// The lifecycle phase, shared by the proxy, the admin probes and the drain, and the switch
-/// that closes the proxy's listener when the phase reaches [`Phase::Closing`].
+/// The lifecycle phase, shared by the proxy, the admin probes and the drain, and the switches
+/// that close the listeners: the proxy's when the phase reaches [`Phase::Closing`], both once
+/// the sockets are handed over to a new process.
 #[derive(Debug, Default)]
 pub struct Lifecycle {
     phase: AtomicU8,
     proxy_listener: Arc<AcceptSwitch>,
+    admin_listener: Arc<AcceptSwitch>,
 }
 
 impl Lifecycle {
@@ -59,6 +71,11 @@ impl Lifecycle {
         Arc::clone(&self.proxy_listener)
     }
 
+    /// The switch that stops the admin listener.
+    pub fn admin_listener(&self) -> Arc<AcceptSwitch> {
+        Arc::clone(&self.admin_listener)
+    }
+
     fn enter(&self, phase: Phase) {
         self.phase.store(phase as u8, Ordering::Release);
         if phase == Phase::Closing {
@@ -74,6 +91,7 @@ pub struct Drain {
     registry: Arc<Registry>,
     drain_delay: Duration,
     shutdown_timeout: Duration,
+    handover: Handover,
 }
 
 impl Drain {
@@ -91,7 +109,14 @@ impl Drain {
             registry,
             drain_delay,
             shutdown_timeout,
+            handover: Handover::default(),
         }
+    }
+
+    /// Hands the listening sockets over through `handover`'s socket on SIGQUIT.
+    pub fn with_handover(mut self, handover: Handover) -> Self {
+        self.handover = handover;
+        self
     }
 
     /// Requests in flight or queued, over every class.
@@ -109,6 +134,23 @@ impl Drain {
         tracing::info!(delay = ?self.drain_delay, "SIGTERM: not ready any more; draining");
         tokio::time::sleep(self.drain_delay).await;
         self.lifecycle.enter(Phase::Closing);
+        self.finish_in_flight().await;
+    }
+
+    /// After the sockets went to the new process: leave the probes to it, close each proxy
+    /// connection after its next response for [`HANDOVER_LINGER`] (so busy keep-alive clients
+    /// move over without racing an idle close), then stop accepting and finish what is in flight.
+    async fn after_handover(&self) {
+        self.lifecycle.admin_listener.stop();
+        self.lifecycle.enter(Phase::Draining);
+        tracing::info!("listening sockets handed over; moving clients to the new process");
+        tokio::time::sleep(HANDOVER_LINGER).await;
+        self.lifecycle.proxy_listener.stop();
+        self.finish_in_flight().await;
+    }
+
+    /// Waits up to `shutdown_timeout` for what is in flight or queued, then refuses the queued.
+    async fn finish_in_flight(&self) {
         let deadline = Instant::now() + self.shutdown_timeout;
         let mut left = self.in_flight();
         while left > 0 && Instant::now() < deadline {
@@ -134,14 +176,27 @@ impl Drain {
 #[async_trait]
 impl ShutdownSignalWatch for Drain {
     async fn recv(&self) -> ShutdownSignal {
-        let signal = self.inner.recv().await;
-        if !matches!(signal, ShutdownSignal::GracefulTerminate) {
-            return signal;
-        }
-        tokio::select! {
-            () = self.drain() => ShutdownSignal::GracefulTerminate,
-            // A second signal during the drain (SIGINT: stop now) wins.
-            again = self.inner.recv() => again,
+        loop {
+            let finish = match self.inner.recv().await {
+                ShutdownSignal::GracefulTerminate => self.drain().boxed(),
+                ShutdownSignal::GracefulUpgrade => {
+                    let fds = self.lifecycle.proxy_listener.listen_fds();
+                    match self.handover.send(fds).await {
+                        Ok(()) => self.after_handover().boxed(),
+                        Err(e) => {
+                            tracing::error!(error = %e, "SIGQUIT: cannot hand the listening sockets over; still serving");
+                            continue;
+                        }
+                    }
+                }
+                ShutdownSignal::FastShutdown => return ShutdownSignal::FastShutdown,
+            };
+            // pingora then stops: the listeners are closed already, nothing is in flight.
+            return tokio::select! {
+                () = finish => ShutdownSignal::GracefulTerminate,
+                // A second signal meanwhile (SIGINT: stop now) wins.
+                again = self.inner.recv() => again,
+            };
         }
     }
 }
@@ -223,16 +278,21 @@ mod tests {
         ];
         let (drain, _) = drain(signals, &registry);
         assert!(matches!(drain.recv().await, ShutdownSignal::FastShutdown));
-        let (upgrade, lifecycle) = drain_upgrade(&registry);
-        assert!(matches!(
-            upgrade.recv().await,
-            ShutdownSignal::GracefulUpgrade
-        ));
-        assert_eq!(lifecycle.phase(), Phase::Serving);
     }
 
-    fn drain_upgrade(registry: &Arc<Registry>) -> (Drain, Arc<Lifecycle>) {
-        drain(vec![ShutdownSignal::GracefulUpgrade], registry)
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_that_cannot_hand_over_keeps_serving() {
+        let registry = registry();
+        // No listener has started, so there is nothing to hand over; then SIGINT.
+        let signals = vec![
+            ShutdownSignal::FastShutdown,
+            ShutdownSignal::GracefulUpgrade,
+        ];
+        let (upgrade, lifecycle) = drain(signals, &registry);
+        assert!(matches!(upgrade.recv().await, ShutdownSignal::FastShutdown));
+        assert_eq!(lifecycle.phase(), Phase::Serving);
+        assert!(!lifecycle.proxy_listener().stopped());
+        assert!(!lifecycle.admin_listener().stopped());
     }
 
     #[tokio::test(start_paused = true)]

@@ -207,7 +207,7 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
         options.listen, DEMO_MODELS[0]
     );
     println!("Ctrl-C stops it.");
-    let served = server::run(config, server::Source::Builtin, None);
+    let served = server::run(config, server::Source::Builtin, None, Default::default());
     if let Some((_, path)) = &token {
         let _ = std::fs::remove_file(path);
     }
