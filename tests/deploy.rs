@@ -1,7 +1,8 @@
 //! What `docker/` ships holds together: the Kubernetes manifests and the compose file parse,
 //! refer to each other consistently (probe paths, ports, labels, the drain inside the grace
-//! period), every gpulb config in them passes `gpulb check`, and the image's commands work
-//! (`gpulb sim` serves, `gpulb probe` tells up from down, the default command parses).
+//! period), every gpulb config in them (and the README's example configs) passes `gpulb check`,
+//! and the image's commands work (`gpulb sim` serves, `gpulb probe` tells up from down, the
+//! default command parses).
 
 mod common;
 
@@ -376,4 +377,20 @@ async fn gpulb_sim_serves_a_worker_and_gpulb_probe_tells_up_from_down() {
     assert!(!gpulb(&["probe", &missing]).status().unwrap().success());
     let closed = format!("http://127.0.0.1:{}/livez", free_port());
     assert!(!gpulb(&["probe", &closed]).status().unwrap().success());
+}
+
+/// The first fenced YAML block after `heading` in the README.
+fn readme_yaml_after(heading: &str) -> String {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let section = &readme[readme.find(heading).expect(heading)..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let end = section[start..].find("```").expect("the block's end");
+    section[start..start + end].to_string()
+}
+
+#[test]
+fn the_readme_configs_pass_gpulb_check() {
+    for heading in ["### In front of my vLLM servers", "### Backends from DNS"] {
+        assert_checks(&readme_yaml_after(heading), heading);
+    }
 }
