@@ -14,7 +14,8 @@
 //!    [`admin`] endpoints (`/status`, `/history`, `/metrics`, the dashboard).
 //!
 //! Beside the request path: [`config`] (a leaf: typed YAML, defaults, validation, compiled
-//! values), [`health`] and [`telemetry`] (what is known of each backend), [`tasks`] (the
+//! values), [`discovery`] (backends found by DNS), [`health`] and [`telemetry`] (what is
+//! known of each backend), [`tasks`] (the
 //! background loops that keep those current), [`reload`] (swap a new config in while traffic
 //! flows) and [`server`] (assembles it all). [`tools`] holds the simulated GPU worker, the demo
 //! fleet and the NVML agent.
@@ -25,6 +26,7 @@ pub mod admission;
 pub mod cli;
 mod client_watch;
 pub mod config;
+pub mod discovery;
 pub mod error;
 mod headers;
 pub mod health;

@@ -33,12 +33,20 @@ fn main() -> ExitCode {
             }
             Err(e) => Err(format!("{}: invalid:\n{e}", config.display())),
         },
-        Command::Serve { config } => Config::load(&config)
+        Command::Serve {
+            config,
+            upgrade,
+            upgrade_socket,
+        } => Config::load(&config)
             .map_err(|e| format!("{}: invalid:\n{e}", config.display()))
             .and_then(|c| {
                 gpulb::access_log::init(c.access_log.format());
-                gpulb::server::run(c, gpulb::server::Source::File(config), None)
-                    .map_err(|e| e.to_string())
+                let handover = gpulb::lifecycle::Handover {
+                    socket: upgrade_socket,
+                    take_over: upgrade,
+                };
+                let source = gpulb::server::Source::File(config);
+                gpulb::server::run(c, source, None, handover).map_err(|e| e.to_string())
             }),
         Command::Demo {
             listen,
@@ -50,6 +58,27 @@ fn main() -> ExitCode {
             workers: usize::from(workers),
         })
         .map_err(|e| e.to_string()),
+        Command::Sim {
+            listen,
+            name,
+            models,
+            decode_step,
+            max_running,
+            kv_budget_tokens,
+            gpu_index,
+        } => gpulb::tools::sim_serve::run(gpulb::tools::sim_serve::SimOptions {
+            listen,
+            name,
+            models,
+            decode_step,
+            max_running: usize::from(max_running),
+            kv_budget_tokens: kv_budget_tokens as usize,
+            gpu_index,
+        })
+        .map_err(|e| e.to_string()),
+        Command::Probe { url, timeout } => {
+            gpulb::tools::probe::run(&url, timeout).map_err(|e| e.to_string())
+        }
         Command::Agent { listen, gpus } => {
             gpulb::tools::agent::run(gpulb::tools::agent::AgentOptions { listen, gpus })
                 .map_err(|e| e.to_string())

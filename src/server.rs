@@ -4,7 +4,7 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
-use crate::lifecycle::{Drain, Lifecycle};
+use crate::lifecycle::{Drain, Handover, Lifecycle, StopAccepting};
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
@@ -50,15 +50,20 @@ pub enum Source {
 }
 
 /// Builds the pingora server for `config`: proxy service, reload triggers when it came from a
-/// file, and the admin service when configured.
+/// file, and the admin service when configured. With `handover.take_over` the listening
+/// sockets are taken from the running process (blocks until it sends them, or fails the start).
 pub fn build_server(
     config: Config,
     source: Source,
     lifecycle: Arc<Lifecycle>,
+    handover: &Handover,
 ) -> Result<(Server, Arc<Registry>), StartError> {
-    probe_listen(config.listen, "proxy")?;
-    if let Some(admin) = &config.admin {
-        probe_listen(admin.listen, "admin")?;
+    // Taking over, the addresses are the old process's until it hands them over.
+    if !handover.take_over {
+        probe_listen(config.listen, "proxy")?;
+        if let Some(admin) = &config.admin {
+            probe_listen(admin.listen, "admin")?;
+        }
     }
     // The drain (lifecycle.rs) has finished every request before pingora hears of the stop:
     // no grace period is needed after it, and the runtimes only have their loops to end.
@@ -66,9 +71,14 @@ pub fn build_server(
         threads: config.threads,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: handover.socket.to_string_lossy().into_owned(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = pingora::server::configuration::Opt {
+        upgrade: handover.take_over,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let listen = config.listen;
     let admin = config.admin.clone();
@@ -112,6 +122,10 @@ pub fn build_server(
         Err(e) => return Err(StartError::Client(e.to_string())),
     };
     server.add_service(background_service(
+        "gpulb dns discovery",
+        crate::discovery::DnsDiscovery::new(Arc::clone(&registry)),
+    ));
+    server.add_service(background_service(
         "gpulb dispatch",
         Dispatcher::new(Arc::clone(&registry)),
     ));
@@ -135,7 +149,7 @@ pub fn build_server(
     );
     proxy.add_tcp(&listen.to_string());
     proxy.threads = Some(threads);
-    server.add_service(proxy);
+    server.add_service(StopAccepting::new(proxy, lifecycle.proxy_listener()));
 
     if let Some(admin) = admin {
         // Validation already proved the token readable; a failure here means it vanished since.
@@ -143,7 +157,10 @@ pub fn build_server(
             tracing::error!(error = %e, "admin token unavailable; mutating admin endpoints are refused");
             None
         });
-        let guard_all = !admin.listen.ip().is_loopback();
+        let guard = crate::admin::auth::Guard {
+            all: !admin.listen.ip().is_loopback(),
+            public_metrics: admin.public_metrics,
+        };
         let history = Arc::new(crate::admin::history::History::default());
         server.add_service(background_service(
             "gpulb history",
@@ -157,40 +174,37 @@ pub fn build_server(
             Arc::clone(&registry),
             reloader,
             token,
-            guard_all,
+            guard,
             metrics,
             history,
-            lifecycle,
+            Arc::clone(&lifecycle),
         );
         let mut service = Service::new("gpulb admin".to_string(), app);
         service.add_tcp(&admin.listen.to_string());
         service.threads = Some(1);
-        server.add_service(service);
+        server.add_service(StopAccepting::new(service, lifecycle.admin_listener()));
     }
     Ok((server, registry))
 }
 
 /// Runs the server until `shutdown` (by default the Unix signals: SIGTERM drains, SIGINT
-/// stops at once, SIGQUIT hands the listeners over) says to stop.
+/// stops at once, SIGQUIT hands the listeners over through `handover`'s socket) says to stop.
 pub fn run(
     config: Config,
     source: Source,
     shutdown: Option<Box<dyn ShutdownSignalWatch + Send + Sync>>,
+    handover: Handover,
 ) -> Result<(), StartError> {
     let listen = config.listen;
     let (drain_delay, timeout) = (config.drain_delay, config.shutdown_timeout);
     let lifecycle = Arc::new(Lifecycle::default());
-    let (server, registry) = build_server(config, source, Arc::clone(&lifecycle))?;
+    let (server, registry) = build_server(config, source, Arc::clone(&lifecycle), &handover)?;
     tracing::info!(%listen, "gpulb serving");
     let signals = shutdown.unwrap_or_else(|| Box::new(UnixShutdownSignalWatch));
     let args = RunArgs {
-        shutdown_signal: Box::new(Drain::new(
-            signals,
-            lifecycle,
-            registry,
-            drain_delay,
-            timeout,
-        )),
+        shutdown_signal: Box::new(
+            Drain::new(signals, lifecycle, registry, drain_delay, timeout).with_handover(handover),
+        ),
     };
     server.run(args);
     Ok(())

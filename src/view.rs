@@ -29,6 +29,9 @@ pub struct FleetView {
     pub classes: Vec<ClassView>,
     /// The prompt prefix index of `prefix_affinity` placement.
     pub prefix_index: PrefixIndexView,
+    /// Each pool's DNS discovery (filled by whoever holds the registry; empty when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub discovery: Vec<crate::discovery::GroupStatus>,
 }
 
 /// The size of the prefix index in a [`FleetView`].
@@ -190,6 +193,7 @@ impl FleetView {
                 capacity: snapshot.prefixes.capacity(),
                 approx_bytes: snapshot.prefixes.len() * ENTRY_BYTES,
             },
+            discovery: Vec::new(),
         }
     }
 }

@@ -18,17 +18,29 @@ pub enum Access {
 /// probes an orchestrator calls.
 const PUBLIC: &[&str] = &["/dashboard", "/livez", "/readyz"];
 
-/// Decides access: mutating methods always need the token; on a guarded listener (`guard_all`,
-/// non-loopback) everything but [`PUBLIC`] pages does. `authorization` is the header's value.
+/// Which reads a listener guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Guard {
+    /// Every read but the [`PUBLIC`] pages needs the token (a non-loopback listener).
+    pub all: bool,
+    /// `/metrics` is public too (`admin.public_metrics`), so Prometheus scrapes without one.
+    pub public_metrics: bool,
+}
+
+/// Decides access: mutating methods always need the token; on a guarded listener
+/// (`guard.all`) every read but the [`PUBLIC`] pages (and `/metrics` with
+/// `guard.public_metrics`) does. `authorization` is the header's value.
 pub fn decide(
     method: &Method,
     path: &str,
-    guard_all: bool,
+    guard: Guard,
     token: Option<&str>,
     authorization: Option<&str>,
 ) -> Access {
     let mutating = method != Method::GET && method != Method::HEAD;
-    let public = !mutating && PUBLIC.contains(&path);
+    let public =
+        !mutating && (PUBLIC.contains(&path) || (guard.public_metrics && path == "/metrics"));
+    let guard_all = guard.all;
     if !mutating && (!guard_all || public) {
         return Access::Allow;
     }
@@ -56,29 +68,37 @@ mod tests {
 
     const GET: Method = Method::GET;
     const POST: Method = Method::POST;
+    const OPEN: Guard = Guard {
+        all: false,
+        public_metrics: false,
+    };
+    const GUARDED: Guard = Guard {
+        all: true,
+        public_metrics: false,
+    };
 
     #[test]
     fn loopback_reads_are_open_and_writes_need_the_token() {
-        assert_eq!(decide(&GET, "/metrics", false, None, None), Allow);
-        assert_eq!(decide(&GET, "/status", false, Some("t"), None), Allow);
+        assert_eq!(decide(&GET, "/metrics", OPEN, None, None), Allow);
+        assert_eq!(decide(&GET, "/status", OPEN, Some("t"), None), Allow);
         assert_eq!(
-            decide(&POST, "/reload", false, None, None),
+            decide(&POST, "/reload", OPEN, None, None),
             NoTokenConfigured
         );
         assert_eq!(
-            decide(&POST, "/reload", false, Some("t"), None),
+            decide(&POST, "/reload", OPEN, Some("t"), None),
             Unauthorized
         );
         assert_eq!(
-            decide(&POST, "/reload", false, Some("t"), Some("Bearer x")),
+            decide(&POST, "/reload", OPEN, Some("t"), Some("Bearer x")),
             Unauthorized
         );
         assert_eq!(
-            decide(&POST, "/reload", false, Some("t"), Some("Bearer t")),
+            decide(&POST, "/reload", OPEN, Some("t"), Some("Bearer t")),
             Allow
         );
         assert_eq!(
-            decide(&POST, "/reload", false, Some("t"), Some("t")),
+            decide(&POST, "/reload", OPEN, Some("t"), Some("t")),
             Unauthorized
         );
     }
@@ -87,25 +107,50 @@ mod tests {
     fn a_guarded_listener_guards_every_data_endpoint() {
         for path in ["/metrics", "/status", "/history", "/nope"] {
             assert_eq!(
-                decide(&GET, path, true, Some("t"), None),
+                decide(&GET, path, GUARDED, Some("t"), None),
                 Unauthorized,
                 "{path}"
             );
             assert_eq!(
-                decide(&GET, path, true, None, None),
+                decide(&GET, path, GUARDED, None, None),
                 NoTokenConfigured,
                 "{path}"
             );
             assert_eq!(
-                decide(&GET, path, true, Some("t"), Some("Bearer t")),
+                decide(&GET, path, GUARDED, Some("t"), Some("Bearer t")),
                 Allow,
                 "{path}"
             );
         }
         // The dashboard page itself holds no data; its fetches carry the token.
-        assert_eq!(decide(&GET, "/dashboard", true, Some("t"), None), Allow);
+        assert_eq!(decide(&GET, "/dashboard", GUARDED, Some("t"), None), Allow);
         assert_eq!(
-            decide(&POST, "/dashboard", true, Some("t"), None),
+            decide(&POST, "/dashboard", GUARDED, Some("t"), None),
+            Unauthorized
+        );
+    }
+
+    #[test]
+    fn public_metrics_opens_metrics_only() {
+        let guard = Guard {
+            all: true,
+            public_metrics: true,
+        };
+        assert_eq!(decide(&GET, "/metrics", guard, Some("t"), None), Allow);
+        assert_eq!(decide(&GET, "/metrics", guard, None, None), Allow);
+        for path in ["/status", "/history", "/metricsx"] {
+            assert_eq!(
+                decide(&GET, path, guard, Some("t"), None),
+                Unauthorized,
+                "{path}"
+            );
+        }
+        assert_eq!(
+            decide(&POST, "/metrics", guard, Some("t"), None),
+            Unauthorized
+        );
+        assert_eq!(
+            decide(&POST, "/reload", guard, Some("t"), None),
             Unauthorized
         );
     }

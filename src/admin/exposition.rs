@@ -55,6 +55,9 @@ live_collectors! {
     prefix_entries: IntGaugeVec = "gpulb_prefix_index_entries", "Prompt prefix blocks the prefix_affinity index remembers now (each about 60 bytes).", [];
     telemetry_age: GaugeVec = "gpulb_telemetry_age_seconds", "Age of the backend's last telemetry reading.", ["backend"];
     telemetry_errors: IntCounterVec = "gpulb_telemetry_errors_total", "Telemetry scrapes of the backend that failed.", ["backend"];
+    discovered: IntGaugeVec = "gpulb_discovery_backends", "Backends the pool's DNS discovery has in force (its last good set).", ["pool"];
+    discovery_up: IntGaugeVec = "gpulb_discovery_up", "1 when the pool's last DNS lookup succeeded, 0 while the last good set is kept after a failure.", ["pool"];
+    discovery_errors: IntCounterVec = "gpulb_discovery_errors_total", "DNS lookups of the pool that failed (or found a set that could not be added).", ["pool"];
     reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged).", ["result"];
     generation: IntGaugeVec = "gpulb_config_generation", "Generation of the config in force.", [];
     config_info: IntGaugeVec = "gpulb_config_info", "Always 1; the hash label fingerprints the config file in force.", ["hash"];
@@ -160,6 +163,16 @@ impl Live {
             ] {
                 self.reloads.with_label_values(&[result]).inc_by(n);
             }
+        }
+        for group in &view.discovery {
+            let pool: &[&str] = &[&group.pool];
+            let count = i64::try_from(group.addresses.len()).unwrap_or(i64::MAX);
+            self.discovered.with_label_values(pool).set(count);
+            let up = i64::from(group.last_error.is_none());
+            self.discovery_up.with_label_values(pool).set(up);
+            self.discovery_errors
+                .with_label_values(pool)
+                .inc_by(group.errors_total);
         }
         if let Some(p) = ProcessStats::read() {
             self.process_cpu

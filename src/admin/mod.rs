@@ -2,7 +2,8 @@
 //! `GET /dashboard` (live charts) and the `GET /history` it draws from, and `POST /reload`.
 //!
 //! `POST /reload` needs `Authorization: Bearer <token>` (token from `admin.token_env` or
-//! `admin.token_file`); on a non-loopback listener every data endpoint needs it. The decision
+//! `admin.token_file`); on a non-loopback listener every data endpoint needs it (`/metrics`
+//! not with `admin.public_metrics`; the probes `/livez` and `/readyz` never). The decision
 //! lives in one place, [`auth::decide`]; refusals are counted in `gpulb_admin_auth_failures_total`.
 
 pub mod auth;
@@ -33,8 +34,8 @@ pub struct AdminApp {
     registry: Arc<Registry>,
     reloader: Option<Arc<Reloader>>,
     token: Option<String>,
-    /// Everything needs the token (non-loopback listener).
-    guard_all: bool,
+    /// Which reads need the token.
+    guard: auth::Guard,
     metrics: Arc<Metrics>,
     exposition: Exposition,
     history: Arc<History>,
@@ -56,7 +57,7 @@ impl AdminApp {
         registry: Arc<Registry>,
         reloader: Option<Arc<Reloader>>,
         token: Option<String>,
-        guard_all: bool,
+        guard: auth::Guard,
         metrics: Arc<Metrics>,
         history: Arc<History>,
         lifecycle: Arc<Lifecycle>,
@@ -65,7 +66,7 @@ impl AdminApp {
             registry,
             reloader,
             token,
-            guard_all,
+            guard,
             metrics,
             exposition: Exposition::default(),
             history,
@@ -97,7 +98,9 @@ impl AdminApp {
     }
 
     fn fleet(&self) -> FleetView {
-        FleetView::read(&self.registry.load(), &self.metrics, STATUS_LATENCY_SPAN_S)
+        let mut view = FleetView::read(&self.registry.load(), &self.metrics, STATUS_LATENCY_SPAN_S);
+        view.discovery = self.registry.discovery();
+        view
     }
 
     fn reload(&self) -> Response<Vec<u8>> {
@@ -184,7 +187,7 @@ impl ServeHttp for AdminApp {
         let access = auth::decide(
             &method,
             &path,
-            self.guard_all,
+            self.guard,
             self.token.as_deref(),
             authorization,
         );

@@ -7,6 +7,18 @@ use std::time::Duration;
 pub const POOL: &str = "default";
 /// Name of the class created when the file defines none.
 pub const CLASS: &str = "default";
+/// Name given to a backend found by DNS (`pools[].discover.name`).
+pub const DISCOVERED_NAME: &str = "{pool}-{ip}";
+
+pub(crate) fn dns_interval() -> Duration {
+    Duration::from_secs(5)
+}
+pub(crate) fn dns_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+pub(crate) fn discovered_name() -> String {
+    DISCOVERED_NAME.to_string()
+}
 
 pub(crate) fn listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))

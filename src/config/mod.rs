@@ -6,6 +6,7 @@ mod admission;
 mod compiled;
 pub mod defaults;
 mod diff;
+mod discover;
 pub mod duration;
 mod guards;
 mod health;
@@ -17,6 +18,7 @@ mod validate;
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
 pub use compiled::{Compiled, MatchRule, ResolveError, Upstream};
 pub use diff::describe_changes;
+pub use discover::{BackendTemplate, DiscoverConfig, Found};
 pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use process::{
@@ -145,6 +147,9 @@ pub struct PoolConfig {
     /// Telemetry limits beyond which a backend of this pool gets no new requests.
     #[serde(default)]
     pub guards: Guards,
+    /// Backends found by DNS, added to `backends` while their records last.
+    #[serde(default)]
+    pub discover: Option<DiscoverConfig>,
 }
 
 /// A class of requests: which requests belong to it, where they go, and its limits.
@@ -283,6 +288,7 @@ impl Config {
         })?;
         config.fill_implied();
         config.compiled = config.validate().map_err(LoadError::Invalid)?;
+        config.validate_discovery()?;
         Ok(config)
     }
 
@@ -293,6 +299,7 @@ impl Config {
                 name: defaults::POOL.to_string(),
                 backends: self.backends.iter().map(|b| b.name.clone()).collect(),
                 guards: Guards::default(),
+                discover: None,
             });
         }
         if self.classes.is_empty() && self.pools.len() == 1 {

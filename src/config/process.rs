@@ -83,6 +83,10 @@ pub struct AdminConfig {
     /// File holding that token (first line), as an alternative to `token_env`.
     #[serde(default)]
     pub token_file: Option<std::path::PathBuf>,
+    /// Serve `/metrics` without the token on a non-loopback listener, so Prometheus scrapes
+    /// without credentials; every other data endpoint stays guarded.
+    #[serde(default)]
+    pub public_metrics: bool,
 }
 
 /// Upstream timeouts.

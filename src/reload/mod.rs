@@ -133,7 +133,7 @@ impl Reloader {
             Ok(config) => config,
             Err(e) => return reject(&mut state, trigger, current.generation, e.to_string()),
         };
-        let changes = describe_changes(&current.config, &config);
+        let changes = describe_changes(&self.registry.file_config(), &config);
         let generation = self.registry.apply(config);
         state.hash = hash;
         state.applied_total += 1;

@@ -9,9 +9,10 @@ use super::prefix::PrefixIndex;
 use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
 use crate::config::{Config, Guards, HealthCheck, SourceConfig, Upstream};
+use crate::discovery::{Discovered, DnsError, GroupStatus};
 use crate::request::BodyError;
 use arc_swap::ArcSwap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -128,17 +129,20 @@ impl Snapshot {
 }
 
 /// The live snapshot, swapped atomically; readers keep the one they loaded until they finish.
+/// The config in force is the file's with the backends DNS discovery found added.
 pub struct Registry {
     current: ArcSwap<Snapshot>,
     generations: tokio::sync::watch::Sender<u64>,
+    discovered: Mutex<Discovered>,
 }
 
 impl Registry {
     /// A registry serving `config` as generation 1.
     pub fn new(config: Config) -> Self {
         Registry {
-            current: ArcSwap::from_pointee(Snapshot::build(config, 1, None)),
+            current: ArcSwap::from_pointee(Snapshot::build(config.clone(), 1, None)),
             generations: tokio::sync::watch::Sender::new(1),
+            discovered: Mutex::new(Discovered::new(config)),
         }
     }
 
@@ -152,8 +156,40 @@ impl Registry {
         self.current.load_full()
     }
 
-    /// Builds a snapshot from a validated config and makes it current; returns its generation.
+    /// Applies a validated config from the file, with what discovery found added; returns the
+    /// new generation.
     pub fn apply(&self, config: Config) -> u64 {
+        let mut discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        let config = discovered.set_file(config);
+        self.install(config)
+    }
+
+    /// Records a DNS lookup for `pool`; rebuilds the snapshot when the set of backends changed.
+    pub fn discovered(
+        &self,
+        pool: &str,
+        dns: &str,
+        result: Result<Vec<std::net::IpAddr>, DnsError>,
+    ) -> Option<u64> {
+        let mut discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        let config = discovered.record(pool, dns, result)?;
+        Some(self.install(config))
+    }
+
+    /// The config as the file says it, without what discovery added.
+    pub fn file_config(&self) -> Config {
+        let discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        discovered.file().clone()
+    }
+
+    /// How each discovering pool's lookups go.
+    pub fn discovery(&self) -> Vec<GroupStatus> {
+        let discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        discovered.status()
+    }
+
+    /// Builds a snapshot from a validated config and makes it current; returns its generation.
+    fn install(&self, config: Config) -> u64 {
         let previous = self.load();
         let next = Snapshot::build(config, previous.generation + 1, Some(&previous));
         let generation = next.generation;

@@ -98,7 +98,7 @@ pub fn run(options: AgentOptions) -> Result<(), AgentError> {
                 })?;
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(async move {
-            wait_for_signal().await;
+            super::until_stopped().await;
             let _ = stop.send(true);
         });
         let source = Arc::new(NvmlSource { gpus: options.gpus });
@@ -106,21 +106,6 @@ pub fn run(options: AgentOptions) -> Result<(), AgentError> {
         serve(listener, source, stopped).await;
         Ok(())
     })
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Serves `GET /metrics` and `GET /health` on `listener` until `shutdown` turns true.

@@ -4,6 +4,7 @@ use crate::config::{Config, LoadError};
 use crate::server;
 use crate::tools::sim::{SimWorker, WorkerProfile};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// What the demo listens on and how many workers it simulates.
@@ -29,6 +30,9 @@ pub enum DemoError {
     /// The proxy could not start.
     #[error(transparent)]
     Start(#[from] server::StartError),
+    /// The admin token file could not be written.
+    #[error("cannot write the admin token file {0}: {1}")]
+    Token(String, std::io::Error),
 }
 
 /// Worker `i` of the demo fleet: every second worker is uneven on purpose.
@@ -56,11 +60,13 @@ pub fn demo_model(i: usize) -> &'static str {
 }
 
 /// The demo's config: one pool of every worker, interactive chat and bulk completions classes,
-/// models discovered from the workers, and an OpenAI name as an alias.
+/// models discovered from the workers, and an OpenAI name as an alias. `admin_token_file`
+/// holds the admin token a non-loopback admin listener needs.
 pub fn demo_config(
     worker_urls: &[String],
     listen: SocketAddr,
     admin: SocketAddr,
+    admin_token_file: Option<&Path>,
 ) -> Result<Config, LoadError> {
     let backends: String = worker_urls
         .iter()
@@ -77,8 +83,11 @@ pub fn demo_config(
         .map(|i| format!("gpu{i}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let token = admin_token_file
+        .map(|path| format!(", token_file: {:?}", path.display().to_string()))
+        .unwrap_or_default();
     let yaml = format!(
-        "listen: \"{listen}\"\nadmin: {{listen: \"{admin}\"}}\nbackends:\n{backends}\
+        "listen: \"{listen}\"\nadmin: {{listen: \"{admin}\"{token}}}\nbackends:\n{backends}\
          pools:\n  - name: fleet\n    backends: [{names}]\n    \
          guards: {{max_gpu_memory: 0.97, max_kv_cache: 0.97}}\n\
          classes:\n  \
@@ -128,10 +137,41 @@ fn start_fleet(workers: usize) -> Result<Vec<String>, DemoError> {
         .map_err(DemoError::Fleet)
 }
 
+/// Environment variable a non-loopback demo admin listener takes its token from.
+pub const DEMO_TOKEN_ENV: &str = "GPULB_ADMIN_TOKEN";
+
+/// The admin token of a non-loopback demo admin listener (from [`DEMO_TOKEN_ENV`], else made
+/// up), written to a private file for the config to read; `None` on loopback.
+fn admin_token(admin: SocketAddr) -> Result<Option<(String, PathBuf)>, DemoError> {
+    if admin.ip().is_loopback() {
+        return Ok(None);
+    }
+    let token = std::env::var(DEMO_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| {
+            let bytes: [u8; 16] = rand::random();
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        });
+    let path = std::env::temp_dir().join(format!("gpulb-demo-{}.token", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        options.open(&path)?.write_all(token.as_bytes())
+    };
+    write().map_err(|e| DemoError::Token(path.display().to_string(), e))?;
+    Ok(Some((token, path)))
+}
+
 /// Runs the demo until Ctrl-C.
 pub fn run(options: DemoOptions) -> Result<(), DemoError> {
+    let token = admin_token(options.admin)?;
     let urls = start_fleet(options.workers)?;
-    let config = demo_config(&urls, options.listen, options.admin)?;
+    let token_file = token.as_ref().map(|(_, path)| path.as_path());
+    let config = demo_config(&urls, options.listen, options.admin, token_file)?;
     println!(
         "gpulb demo: {} simulated GPU workers behind the proxy",
         urls.len()
@@ -145,7 +185,13 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
         println!("  gpu{i}: {url} serves {}{note}", demo_model(i));
     }
     println!("  proxy:  http://{}", options.listen);
-    println!("  dashboard: http://{}/dashboard", options.admin);
+    match &token {
+        Some((token, _)) => println!(
+            "  dashboard: http://{}/dashboard#token={token}   (admin token; set {DEMO_TOKEN_ENV} to choose it)",
+            options.admin
+        ),
+        None => println!("  dashboard: http://{}/dashboard", options.admin),
+    }
     println!(
         "  status: http://{}/status   metrics: http://{}/metrics",
         options.admin, options.admin
@@ -161,7 +207,11 @@ pub fn run(options: DemoOptions) -> Result<(), DemoError> {
         options.listen, DEMO_MODELS[0]
     );
     println!("Ctrl-C stops it.");
-    server::run(config, server::Source::Builtin, None)?;
+    let served = server::run(config, server::Source::Builtin, None, Default::default());
+    if let Some((_, path)) = &token {
+        let _ = std::fs::remove_file(path);
+    }
+    served?;
     Ok(())
 }
 
@@ -178,6 +228,7 @@ mod tests {
             &urls,
             "127.0.0.1:18080".parse().unwrap(),
             "127.0.0.1:18081".parse().unwrap(),
+            None,
         )
         .unwrap();
         assert_eq!(config.backends.len(), 4);
@@ -196,5 +247,23 @@ mod tests {
             ]
         );
         assert_eq!(config.models.aliases["gpt-4o-mini"], DEMO_MODELS[0]);
+    }
+
+    #[test]
+    fn a_non_loopback_admin_listener_gets_a_token_file() {
+        let urls = vec!["http://127.0.0.1:9100".to_string()];
+        let (listen, admin) = (
+            "0.0.0.0:18080".parse().unwrap(),
+            "0.0.0.0:18081".parse().unwrap(),
+        );
+        assert!(demo_config(&urls, listen, admin, None).is_err());
+        let dir = std::env::temp_dir().join(format!("gpulb-demo-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let config = demo_config(&urls, listen, admin, Some(&file)).unwrap();
+        let token = config.admin.as_ref().unwrap().token().unwrap();
+        assert_eq!(token.as_deref(), Some("s3cret"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

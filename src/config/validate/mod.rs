@@ -63,7 +63,11 @@ impl Config {
     pub fn validate(&self) -> Result<Compiled, ConfigErrors> {
         let mut report = Report::default();
         let (tenant_header, request_id_header) = self.validate_globals(&mut report);
-        let (backend_names, upstreams) = validate_backends(&self.backends, &mut report);
+        let (backend_names, upstreams) = validate_backends(
+            &self.backends,
+            self.pools.iter().any(|p| p.discover.is_some()),
+            &mut report,
+        );
         self.validate_health(&mut report);
         self.validate_requests(&mut report);
         let pool_names = validate_pools(&self.pools, &backend_names, &mut report);
@@ -146,10 +150,11 @@ impl Config {
 
 fn validate_backends<'a>(
     backends: &'a [BackendConfig],
+    discovering: bool,
     report: &mut Report,
 ) -> (HashSet<&'a str>, Vec<Upstream>) {
     report.check(
-        !backends.is_empty(),
+        !backends.is_empty() || discovering,
         "backends",
         "at least one backend is required",
     );
@@ -194,7 +199,7 @@ fn validate_pools<'a>(
             );
         }
         report.check(
-            !pool.backends.is_empty(),
+            !pool.backends.is_empty() || pool.discover.is_some(),
             format!("{at}.backends"),
             "a pool needs at least one backend",
         );

@@ -1,14 +1,26 @@
 //! The process's lifecycle as the outside sees it, and the drain that orders a graceful stop.
 //!
 //! On SIGTERM gpulb drains in the order Kubernetes needs: readiness turns false at once while
-//! traffic is still served for `drain_delay` (so endpoints are withdrawn); then new requests are
-//! refused with 503 and in-flight and queued requests get `shutdown_timeout` to finish; queued
-//! requests still waiting then get a clean 503; only then is pingora told to stop, so no
+//! traffic is still served for `drain_delay` (so endpoints are withdrawn); then the proxy's
+//! listener stops accepting (new connections are refused; a new request on a connection
+//! already open gets a 503) and in-flight and queued requests get `shutdown_timeout` to finish;
+//! queued requests still waiting then get a clean 503; only then is pingora told to stop, so no
 //! stream is cut. SIGINT stops at once, also during a drain.
+//!
+//! On SIGQUIT gpulb hands its listening sockets to a new process started with `--upgrade`
+//! (pingora's socket hand-over, [`handover`]), stops accepting on them, and exits once what it
+//! has in flight is done (within `shutdown_timeout`); if the hand-over fails it keeps serving.
+
+pub mod handover;
+mod listeners;
+
+pub use handover::Handover;
+pub use listeners::{AcceptSwitch, StopAccepting};
 
 use crate::admission::ShedReason;
 use crate::routing::Registry;
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -17,6 +29,9 @@ use tokio::time::Instant;
 
 /// How often the drain looks at what is still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// How long the old process keeps accepting after a hand-over, closing each connection after
+/// its response, before it closes the idle ones.
+const HANDOVER_LINGER: Duration = Duration::from_secs(1);
 
 /// Where the process is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,26 +41,46 @@ pub enum Phase {
     Serving = 0,
     /// Told to stop: not ready, still serving every request.
     Draining = 1,
-    /// Finishing what is in flight; new requests are refused.
+    /// Finishing what is in flight; the proxy's listener is closed and a new request on a
+    /// connection still open is refused.
     Closing = 2,
 }
 
-/// The lifecycle phase, shared by the proxy, the admin probes and the drain.
+/// The lifecycle phase, shared by the proxy, the admin probes and the drain, and the switches
+/// that close the listeners: the proxy's when the phase reaches [`Phase::Closing`], both once
+/// the sockets are handed over to a new process.
 #[derive(Debug, Default)]
-pub struct Lifecycle(AtomicU8);
+pub struct Lifecycle {
+    phase: AtomicU8,
+    proxy_listener: Arc<AcceptSwitch>,
+    admin_listener: Arc<AcceptSwitch>,
+}
 
 impl Lifecycle {
     /// The phase now.
     pub fn phase(&self) -> Phase {
-        match self.0.load(Ordering::Acquire) {
+        match self.phase.load(Ordering::Acquire) {
             0 => Phase::Serving,
             1 => Phase::Draining,
             _ => Phase::Closing,
         }
     }
 
+    /// The switch that stops the proxy's listener.
+    pub fn proxy_listener(&self) -> Arc<AcceptSwitch> {
+        Arc::clone(&self.proxy_listener)
+    }
+
+    /// The switch that stops the admin listener.
+    pub fn admin_listener(&self) -> Arc<AcceptSwitch> {
+        Arc::clone(&self.admin_listener)
+    }
+
     fn enter(&self, phase: Phase) {
-        self.0.store(phase as u8, Ordering::Release);
+        self.phase.store(phase as u8, Ordering::Release);
+        if phase == Phase::Closing {
+            self.proxy_listener.stop();
+        }
     }
 }
 
@@ -56,6 +91,7 @@ pub struct Drain {
     registry: Arc<Registry>,
     drain_delay: Duration,
     shutdown_timeout: Duration,
+    handover: Handover,
 }
 
 impl Drain {
@@ -73,7 +109,14 @@ impl Drain {
             registry,
             drain_delay,
             shutdown_timeout,
+            handover: Handover::default(),
         }
+    }
+
+    /// Hands the listening sockets over through `handover`'s socket on SIGQUIT.
+    pub fn with_handover(mut self, handover: Handover) -> Self {
+        self.handover = handover;
+        self
     }
 
     /// Requests in flight or queued, over every class.
@@ -91,6 +134,23 @@ impl Drain {
         tracing::info!(delay = ?self.drain_delay, "SIGTERM: not ready any more; draining");
         tokio::time::sleep(self.drain_delay).await;
         self.lifecycle.enter(Phase::Closing);
+        self.finish_in_flight().await;
+    }
+
+    /// After the sockets went to the new process: leave the probes to it, close each proxy
+    /// connection after its next response for [`HANDOVER_LINGER`] (so busy keep-alive clients
+    /// move over without racing an idle close), then stop accepting and finish what is in flight.
+    async fn after_handover(&self) {
+        self.lifecycle.admin_listener.stop();
+        self.lifecycle.enter(Phase::Draining);
+        tracing::info!("listening sockets handed over; moving clients to the new process");
+        tokio::time::sleep(HANDOVER_LINGER).await;
+        self.lifecycle.proxy_listener.stop();
+        self.finish_in_flight().await;
+    }
+
+    /// Waits up to `shutdown_timeout` for what is in flight or queued, then refuses the queued.
+    async fn finish_in_flight(&self) {
         let deadline = Instant::now() + self.shutdown_timeout;
         let mut left = self.in_flight();
         while left > 0 && Instant::now() < deadline {
@@ -116,14 +176,27 @@ impl Drain {
 #[async_trait]
 impl ShutdownSignalWatch for Drain {
     async fn recv(&self) -> ShutdownSignal {
-        let signal = self.inner.recv().await;
-        if !matches!(signal, ShutdownSignal::GracefulTerminate) {
-            return signal;
-        }
-        tokio::select! {
-            () = self.drain() => ShutdownSignal::GracefulTerminate,
-            // A second signal during the drain (SIGINT: stop now) wins.
-            again = self.inner.recv() => again,
+        loop {
+            let finish = match self.inner.recv().await {
+                ShutdownSignal::GracefulTerminate => self.drain().boxed(),
+                ShutdownSignal::GracefulUpgrade => {
+                    let fds = self.lifecycle.proxy_listener.listen_fds();
+                    match self.handover.send(fds).await {
+                        Ok(()) => self.after_handover().boxed(),
+                        Err(e) => {
+                            tracing::error!(error = %e, "SIGQUIT: cannot hand the listening sockets over; still serving");
+                            continue;
+                        }
+                    }
+                }
+                ShutdownSignal::FastShutdown => return ShutdownSignal::FastShutdown,
+            };
+            // pingora then stops: the listeners are closed already, nothing is in flight.
+            return tokio::select! {
+                () = finish => ShutdownSignal::GracefulTerminate,
+                // A second signal meanwhile (SIGINT: stop now) wins.
+                again = self.inner.recv() => again,
+            };
         }
     }
 }
@@ -178,8 +251,10 @@ mod tests {
         let stop = tokio::spawn(async move { drain.recv().await });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(lifecycle.phase(), Phase::Draining);
+        assert!(!lifecycle.proxy_listener().stopped());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(lifecycle.phase(), Phase::Closing);
+        assert!(lifecycle.proxy_listener().stopped());
         assert!(!stop.is_finished(), "a request is still in flight");
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(grant);
@@ -203,16 +278,21 @@ mod tests {
         ];
         let (drain, _) = drain(signals, &registry);
         assert!(matches!(drain.recv().await, ShutdownSignal::FastShutdown));
-        let (upgrade, lifecycle) = drain_upgrade(&registry);
-        assert!(matches!(
-            upgrade.recv().await,
-            ShutdownSignal::GracefulUpgrade
-        ));
-        assert_eq!(lifecycle.phase(), Phase::Serving);
     }
 
-    fn drain_upgrade(registry: &Arc<Registry>) -> (Drain, Arc<Lifecycle>) {
-        drain(vec![ShutdownSignal::GracefulUpgrade], registry)
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_that_cannot_hand_over_keeps_serving() {
+        let registry = registry();
+        // No listener has started, so there is nothing to hand over; then SIGINT.
+        let signals = vec![
+            ShutdownSignal::FastShutdown,
+            ShutdownSignal::GracefulUpgrade,
+        ];
+        let (upgrade, lifecycle) = drain(signals, &registry);
+        assert!(matches!(upgrade.recv().await, ShutdownSignal::FastShutdown));
+        assert_eq!(lifecycle.phase(), Phase::Serving);
+        assert!(!lifecycle.proxy_listener().stopped());
+        assert!(!lifecycle.admin_listener().stopped());
     }
 
     #[tokio::test(start_paused = true)]
