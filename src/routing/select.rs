@@ -6,7 +6,7 @@ use super::prefix::rendezvous;
 use super::{Class, Grant, Lease, ModelRoute, Pool, Snapshot};
 use crate::config::Guards;
 use crate::health::{now_ms, AttemptFailure};
-use crate::telemetry::is_fresh;
+use crate::telemetry::{is_fresh, OthersAtRead};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,14 +42,14 @@ impl Snapshot {
             .max(ours);
         let others = settings
             .count_others
-            .then(|| fresh?.others_in_flight(settings.others_max_age, now))
+            .then(|| fresh?.others_at_read(settings.others_max_age, now))
             .flatten();
         let cap = share_of(b.max_outstanding, share);
         let (load, max_outstanding) = match others {
             // Ours as of now, theirs as of the reading.
-            Some(others) => (
-                outstanding.saturating_add(others),
-                cap.saturating_sub(others),
+            Some(at_read) => (
+                outstanding.saturating_add(at_read.others),
+                cap_beside_others(cap, at_read),
             ),
             None => {
                 let reported = server
@@ -325,6 +325,17 @@ enum Miss {
     Full,
     /// A slower backend could, but the request does better waiting for a faster one.
     Held,
+}
+
+/// This proxy's cap on a backend whose cap (for the class) is `cap`, when its server was last
+/// read holding `at_read`: the others' requests take their slots, and while others are there,
+/// the room that was free then is this proxy's to fill only by half — they see the same room,
+/// and until the next reading neither sees what the other takes. A slot this proxy releases
+/// meanwhile is its own to fill again.
+fn cap_beside_others(cap: u32, at_read: OthersAtRead) -> u32 {
+    let room = cap.saturating_sub(at_read.own.saturating_add(at_read.others));
+    let theirs_of_room = if at_read.others > 0 { room / 2 } else { 0 };
+    cap.saturating_sub(at_read.others.saturating_add(theirs_of_room))
 }
 
 /// A class's cap on one backend: `share` of its `max_outstanding`, rounded up, at least 1.

@@ -286,3 +286,14 @@ fn our_own_requests_in_the_servers_count_are_not_counted_twice() {
     let snap = shared_backend(true, 3.0, 2);
     assert_eq!(leases_until_refused(&snap, 0).len(), 3);
 }
+
+#[test]
+fn room_free_beside_other_replicas_is_filled_only_by_half_until_the_next_reading() {
+    // Cap 4: the server ran 1 request of someone else's and none of ours; 3 slots were free,
+    // and the other replica sees them too: this one takes 2 of them (3 - 3/2).
+    let snap = shared_backend(true, 1.0, 0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 2);
+    // Nobody else there: all the room is ours.
+    let snap = shared_backend(true, 0.0, 0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 4);
+}

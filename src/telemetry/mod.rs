@@ -177,6 +177,11 @@ impl Telemetry {
     /// flight when it was read; `None` when that reading is older than `max_age` at `now` or
     /// the server reports neither count.
     pub fn others_in_flight(&self, max_age: Duration, now: Instant) -> Option<u32> {
+        self.others_at_read(max_age, now).map(|o| o.others)
+    }
+
+    /// [`Telemetry::others_in_flight`], with this proxy's own count at that reading.
+    pub fn others_at_read(&self, max_age: Duration, now: Instant) -> Option<OthersAtRead> {
         let sample = self.server_sample?;
         if now.saturating_duration_since(sample.taken_at) > max_age {
             return None;
@@ -187,8 +192,20 @@ impl Telemetry {
         }
         let reported = server.running.unwrap_or(0.0) + server.waiting.unwrap_or(0.0);
         let others = reported.round() - f64::from(sample.own_in_flight);
-        Some(others.clamp(0.0, f64::from(u32::MAX / 2)) as u32)
+        Some(OthersAtRead {
+            others: others.clamp(0.0, f64::from(u32::MAX / 2)) as u32,
+            own: sample.own_in_flight,
+        })
     }
+}
+
+/// Who held a backend when its server was last read: everyone else, and this proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OthersAtRead {
+    /// Requests that were not this proxy's.
+    pub others: u32,
+    /// This proxy's own requests in flight then.
+    pub own: u32,
 }
 
 /// Whether `t` is at most `max_age` old at `now`.
