@@ -22,6 +22,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod batching;
 pub mod cli;
 mod client_watch;
 pub mod config;

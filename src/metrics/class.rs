@@ -24,6 +24,10 @@ pub struct ClassMetrics {
     pub(super) window: LatencyWindow,
     pub(super) finished_total: AtomicU64,
     pub(super) shed_total: AtomicU64,
+    pub(super) batch_size: Histogram,
+    pub(super) batch_delay: Histogram,
+    /// Requests answered as members of a batch, and requests of a batching class sent alone.
+    pub(super) batching: [IntCounter; 2],
 }
 
 impl std::fmt::Debug for ClassMetrics {
@@ -116,6 +120,27 @@ impl ClassMetrics {
     /// A request waited `waited` in the queue before it was admitted.
     pub fn queue_wait(&self, waited: Duration) {
         self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A batch stopped taking members `delay` after its first joined.
+    pub fn batch_assembled(&self, delay: Duration) {
+        self.batch_delay.observe(delay.as_secs_f64());
+    }
+
+    /// A batch of `items` input items went upstream as one call.
+    pub fn batch_sent(&self, items: usize) {
+        self.batch_size.observe(items as f64);
+    }
+
+    /// A request of a class that batches was answered from a batch (`batched`) or went to its
+    /// backend alone.
+    pub fn batching_request(&self, batched: bool) {
+        self.batching[usize::from(!batched)].inc();
+    }
+
+    /// Requests answered from a batch, and requests of a batching class sent alone, so far.
+    pub fn batching_totals(&self) -> (u64, u64) {
+        (self.batching[0].get(), self.batching[1].get())
     }
 
     /// p50/p99 of (duration, time to first byte) over the last `span_s` seconds (at most 60).

@@ -1,0 +1,260 @@
+//! The life of one batch after it opens: wait for members (up to `max_wait`, or until full),
+//! be admitted and placed as one request (one class slot, one backend lease), make the upstream
+//! call, and answer every member with its own part.
+
+use super::assembly::{Answer, Batch, Member, Reply};
+use super::input::merged_body;
+use super::split::split;
+use super::upstream::{post, CallFailed};
+use crate::admission::TenantSlot;
+use crate::error::ProxyError;
+use crate::health::AttemptFailure;
+use crate::metrics::ClassMetrics;
+use crate::routing::{Demand, Lease, ModelRoute, Slot, Snapshot};
+use http::HeaderValue;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::sleep_until;
+
+/// tokio's timer fires on whole milliseconds, rounding up, and a busy runtime wakes it later
+/// still: a batch's timer is set early by this much, or by a twentieth of its `max_wait` when
+/// that is more (but never by more than a quarter), so that it closes by `max_wait`.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// When the batch opened at `opened` with `max_wait` stops waiting for members.
+fn closing_time(opened: tokio::time::Instant, max_wait: Duration) -> tokio::time::Instant {
+    let early = TIMER_TICK.max(max_wait / 20).min(max_wait / 4);
+    opened + max_wait - early
+}
+
+/// Everything a batch's runner needs, fixed when the batch opened.
+pub struct BatchJob {
+    /// The batch.
+    pub batch: Arc<Batch>,
+    /// The snapshot its first member ran under: the batch is admitted and placed under it.
+    pub snapshot: Arc<Snapshot>,
+    /// Index of its class in that snapshot.
+    pub class: usize,
+    /// Which backends its model allows.
+    pub route: ModelRoute,
+    /// The request path (`/v1/embeddings`).
+    pub path: String,
+    /// The members' `Authorization` (part of the batch's key, so the same for all).
+    pub authorization: Option<HeaderValue>,
+    /// Its class's metrics.
+    pub metrics: Arc<ClassMetrics>,
+    /// The shared upstream client.
+    pub client: reqwest::Client,
+}
+
+/// Runs `job`'s batch to its end; every member still there gets exactly one reply.
+pub async fn run(job: BatchJob) {
+    let batch = &job.batch;
+    tokio::select! {
+        () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
+        () = batch.closed_early.notified() => {}
+    }
+    job.snapshot.classes[job.class].state.batches.close(batch);
+    let delay = batch.opened.elapsed();
+    let Some(tenant) = batch.first_tenant() else {
+        return; // every member left
+    };
+    job.metrics.batch_assembled(delay);
+    let demand = Demand {
+        route: job.route.clone(),
+        tokens: batch.tokens(),
+        prefix: Arc::from([]),
+    };
+    let Some((lease, _slots)) = admit(&job, &tenant, &demand).await else {
+        return;
+    };
+    let members: Vec<Member> = batch
+        .take()
+        .into_iter()
+        .filter(|m| !m.reply.is_closed())
+        .collect();
+    if members.is_empty() {
+        return;
+    }
+    let items: usize = members.iter().map(|m| m.input.items.len()).sum();
+    job.metrics.batch_sent(items);
+    let body = merged_body(
+        &members[0].input.options,
+        members.iter().flat_map(|m| &m.input.items),
+    );
+    match send(&job, lease, &demand, body).await {
+        Ok((lease, answer)) => answer_members(&job, lease, answer, members).await,
+        Err((backend, error)) => {
+            for m in members {
+                let _ = m.reply.send(Reply {
+                    backend,
+                    outcome: Err(error.clone()),
+                });
+            }
+        }
+    }
+}
+
+/// Admits the batch as one request of `tenant`: its backend lease, and the class and tenant
+/// slots it holds until it ends. `None` when every member left while it waited, or it was
+/// refused (each member is then answered with the refusal).
+async fn admit(
+    job: &BatchJob,
+    tenant: &str,
+    demand: &Demand,
+) -> Option<(Lease, (Slot, TenantSlot))> {
+    let (snapshot, index, batch) = (&job.snapshot, job.class, &job.batch);
+    let class = &snapshot.classes[index];
+    let queue = class.state.queues.get(&demand.route);
+    let admitting = queue.admit(tenant, &class.policy, || snapshot.grant(index, demand));
+    tokio::pin!(admitting);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut admitting => break outcome,
+            () = batch.emptied.notified() => {
+                if batch.is_empty() {
+                    return None;
+                }
+            }
+        }
+    };
+    match outcome {
+        Ok(admitted) => {
+            job.metrics.queue_wait(admitted.queued_for);
+            let mut lease = admitted.lease.lease;
+            lease.set_tokens(demand.tokens);
+            Some((lease, (admitted.lease.class_slot, admitted.tenant_slot)))
+        }
+        Err(shed) => {
+            let pool = &snapshot.pools[class.pool].name;
+            let error = ProxyError::refused(&class.name, pool, tenant, &shed, &class.policy);
+            for m in batch.take() {
+                job.metrics.shed(&m.tenant, error.code());
+                let _ = m.reply.send(Reply {
+                    backend: None,
+                    outcome: Err(error.clone()),
+                });
+            }
+            None
+        }
+    }
+}
+
+/// Makes the batch's upstream call on `lease`'s backend, trying others (up to
+/// `connect_retries`) when a connection cannot be made. The lease that answered and its answer,
+/// or the backend last tried and the error for the members.
+async fn send(
+    job: &BatchJob,
+    mut lease: Lease,
+    demand: &Demand,
+    body: Vec<u8>,
+) -> Result<(Lease, Answer), (Option<usize>, ProxyError)> {
+    let snapshot = &job.snapshot;
+    let mut failed = Vec::new();
+    loop {
+        let backend = lease.backend;
+        let Some(addr) = snapshot.backends[backend].state.address.get() else {
+            return Err((Some(backend), no_backend(job)));
+        };
+        let timeouts = &snapshot.config.timeouts;
+        let auth = job.authorization.as_ref();
+        match post(&job.client, addr, &job.path, body.clone(), auth, timeouts).await {
+            Ok(answer) => {
+                let outcome = match answer.status {
+                    500..=599 => Err(AttemptFailure::ServerError(answer.status)),
+                    _ => Ok(()),
+                };
+                snapshot.report(backend, outcome);
+                return Ok((lease, answer));
+            }
+            Err(CallFailed {
+                connect,
+                attempt,
+                error,
+            }) => {
+                snapshot.report(backend, Err(attempt));
+                if !connect || failed.len() >= snapshot.config.connect_retries {
+                    return Err((Some(backend), error));
+                }
+                failed.push(backend);
+                drop(lease);
+                lease = snapshot
+                    .acquire_for_class(job.class, demand, &failed)
+                    .ok_or((Some(backend), error))?;
+            }
+        }
+    }
+}
+
+/// The error for "no backend of the batch's pool can take it".
+fn no_backend(job: &BatchJob) -> ProxyError {
+    let class = &job.snapshot.classes[job.class];
+    ProxyError::NoBackendAvailable {
+        class: class.name.clone(),
+        pool: job.snapshot.pools[class.pool].name.clone(),
+        retry_after: 1,
+    }
+}
+
+/// Answers each member from the backend's `answer` to the batch: its own items on success; on
+/// a client error to a batch of several (one bad item refuses the whole call), each member is
+/// sent alone on the same backend and gets its own answer; anything else goes to all as it is.
+async fn answer_members(job: &BatchJob, lease: Lease, answer: Answer, members: Vec<Member>) {
+    let backend = Some(lease.backend);
+    let reply = |m: Member, outcome| {
+        let _ = m.reply.send(Reply { backend, outcome });
+    };
+    match answer.status {
+        200..=299 => {
+            let counts: Vec<usize> = members.iter().map(|m| m.input.items.len()).collect();
+            let weights: Vec<u64> = members.iter().map(|m| m.input.tokens()).collect();
+            match split(&answer.body, &counts, &weights) {
+                Ok(bodies) => {
+                    for (m, body) in members.into_iter().zip(bodies) {
+                        let own = Answer {
+                            body: body.into(),
+                            ..answer.clone()
+                        };
+                        reply(m, Ok(own));
+                    }
+                }
+                Err(e) => {
+                    let error = ProxyError::UpstreamFailed(e.to_string());
+                    members
+                        .into_iter()
+                        .for_each(|m| reply(m, Err(error.clone())));
+                }
+            }
+        }
+        400..=499 if members.len() > 1 => {
+            let Some(addr) = job.snapshot.backends[lease.backend].state.address.get() else {
+                let error = no_backend(job);
+                members
+                    .into_iter()
+                    .for_each(|m| reply(m, Err(error.clone())));
+                return;
+            };
+            let timeouts = &job.snapshot.config.timeouts;
+            let auth = job.authorization.as_ref();
+            let alone = members.iter().map(|m| {
+                post(
+                    &job.client,
+                    addr,
+                    &job.path,
+                    m.body.to_vec(),
+                    auth,
+                    timeouts,
+                )
+            });
+            let answers = futures_util::future::join_all(alone).await;
+            for (m, answer) in members.into_iter().zip(answers) {
+                reply(m, answer.map_err(|failed| failed.error));
+            }
+        }
+        _ => members
+            .into_iter()
+            .for_each(|m| reply(m, Ok(answer.clone()))),
+    }
+    drop(lease);
+}
