@@ -38,6 +38,37 @@ impl std::fmt::Debug for ClassMetrics {
     }
 }
 
+/// A class's batch totals: differences of two readings give the means over the time between.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchFigures {
+    /// Batches sent upstream.
+    pub sent: u64,
+    /// Their input items, summed.
+    pub items: f64,
+    /// Batches assembled (closed with members).
+    pub assembled: u64,
+    /// Their assembly delays, summed, seconds.
+    pub delay_s: f64,
+}
+
+impl BatchFigures {
+    /// Mean items per batch sent, and mean assembly delay (seconds), since `before`; `None`
+    /// where no batch came.
+    pub fn means_since(&self, before: &BatchFigures) -> (Option<f64>, Option<f64>) {
+        let mean = |sum: f64, n: u64| (n > 0).then(|| sum / n as f64);
+        (
+            mean(
+                self.items - before.items,
+                self.sent.saturating_sub(before.sent),
+            ),
+            mean(
+                self.delay_s - before.delay_s,
+                self.assembled.saturating_sub(before.assembled),
+            ),
+        )
+    }
+}
+
 /// Folds tenants past the first `max` seen into `other`, bounding label cardinality.
 pub(super) struct TenantLabels {
     pub(super) max: usize,
@@ -136,6 +167,16 @@ impl ClassMetrics {
     /// backend alone.
     pub fn batching_request(&self, batched: bool) {
         self.batching[usize::from(!batched)].inc();
+    }
+
+    /// Batches sent and assembled so far, with their items and delays summed.
+    pub fn batch_figures(&self) -> BatchFigures {
+        BatchFigures {
+            sent: self.batch_size.get_sample_count(),
+            items: self.batch_size.get_sample_sum(),
+            assembled: self.batch_delay.get_sample_count(),
+            delay_s: self.batch_delay.get_sample_sum(),
+        }
     }
 
     /// Requests answered from a batch, and requests of a batching class sent alone, so far.

@@ -10,7 +10,7 @@ mod class;
 
 mod window;
 
-pub use class::ClassMetrics;
+pub use class::{BatchFigures, ClassMetrics};
 pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
 
 use crate::health::now_ms;
