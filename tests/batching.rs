@@ -213,6 +213,49 @@ async fn a_lone_request_waits_for_company_at_most_max_wait() {
 }
 
 #[tokio::test]
+async fn a_batch_waiting_for_a_backend_slot_keeps_taking_members() {
+    let workers = start_workers(1, |p| {
+        p.models = vec!["e".into()];
+        p.embedding.call_cost = Duration::from_millis(400);
+    })
+    .await;
+    let config = Config::fleet(&workers)
+        .each_backend(|b| b.max_outstanding(1))
+        .class(Class::new("default", "default").set("batching", "{max_batch: 32, max_wait: 20ms}"));
+    let proxy = Proxy::start(config).await;
+    let busy = proxy.spawn(embed(json!({"model": "e", "input": "takes the only slot"})));
+    proxy.wait_outstanding("w0", 1).await;
+    // The next batch's max_wait runs out while the slot is taken: it waits in the queue...
+    let waiting = proxy.spawn(embed(
+        json!({"model": "e", "input": "opens the next batch"}),
+    ));
+    proxy.wait_queued("default", 1).await;
+    // ...and whoever comes meanwhile joins it instead of queueing behind it.
+    let late = [
+        proxy.spawn(embed(json!({"model": "e", "input": "late one"}))),
+        proxy.spawn(embed(json!({"model": "e", "input": ["late", "two"]}))),
+    ];
+    common::eventually(
+        common::WAIT,
+        "the late requests in the waiting batch",
+        || async {
+            let status = proxy.status().await;
+            (status["classes"][0]["batching"]["waiting"] == 3).then_some(())
+        },
+    )
+    .await;
+    for answer in [busy, waiting].into_iter().chain(late) {
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    assert_eq!(
+        calls_and_items(&workers),
+        (2, 5),
+        "two calls: 1 item, then 4"
+    );
+}
+
+#[tokio::test]
 async fn one_bad_item_does_not_fail_the_other_clients() {
     let workers = embedders(1).await;
     let proxy = Proxy::start(batching(&workers, "{max_batch: 4, max_wait: 5s}")).await;

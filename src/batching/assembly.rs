@@ -1,6 +1,7 @@
 //! Batches being assembled: each class keeps one open batch per compatibility key; a request
-//! joins it while it stays under its limits, or opens the next one. A member whose client goes
-//! away before the batch is sent leaves it (its items with it).
+//! joins it while it stays under its limits, or opens the next one. A batch whose `max_wait` has
+//! passed but that waits for a backend slot still takes members (up to its limits): they cost
+//! it no time. A member whose client goes away before the batch is sent leaves it.
 
 use super::input::BatchInput;
 use crate::config::BatchingConfig;
@@ -48,9 +49,11 @@ pub struct Member {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
-    /// Taking members.
+    /// Taking members, within its `max_wait`.
     Open,
-    /// Full or its time is up; waiting to be sent.
+    /// Its `max_wait` is over and it waits for a backend slot; still taking members.
+    Waiting,
+    /// Full, or a request did not fit: it takes no more.
     Closed,
     /// Its members were taken for the upstream call.
     Sent,
@@ -180,7 +183,8 @@ impl OpenBatches {
         let mut open = self.lock();
         if let Some(batch) = open.get(&key).cloned() {
             let mut inner = batch.lock();
-            if inner.stage == Stage::Open && fits(&batch.settings, &inner, more, more_tokens) {
+            let joinable = matches!(inner.stage, Stage::Open | Stage::Waiting);
+            if joinable && fits(&batch.settings, &inner, more, more_tokens) {
                 inner.items += more;
                 inner.tokens += more_tokens;
                 inner.members.push((id, member));
@@ -196,7 +200,7 @@ impl OpenBatches {
                 };
             }
             // It cannot take this request: send it as it is, and start the next one.
-            if inner.stage == Stage::Open {
+            if joinable {
                 inner.stage = Stage::Closed;
                 batch.closed_early.notify_one();
             }
@@ -235,14 +239,36 @@ impl OpenBatches {
         }
     }
 
-    /// Closes `batch` (its time is up): nobody joins it any more.
+    /// Marks `batch`'s `max_wait` as over: it goes on taking members while it waits for a slot.
+    pub fn wait_over(&self, batch: &Batch) {
+        let mut inner = batch.lock();
+        if inner.stage == Stage::Open {
+            inner.stage = Stage::Waiting;
+        }
+    }
+
+    /// Closes `batch` when every member has left (nobody can join it meanwhile); whether it did.
+    pub fn close_if_empty(&self, batch: &Arc<Batch>) -> bool {
+        let mut open = self.lock();
+        let mut inner = batch.lock();
+        if !inner.members.is_empty() {
+            return false;
+        }
+        if open.get(&batch.key).is_some_and(|b| Arc::ptr_eq(b, batch)) {
+            open.remove(&batch.key);
+        }
+        inner.stage = Stage::Closed;
+        true
+    }
+
+    /// Closes `batch` (it is about to be sent): nobody joins it any more.
     pub fn close(&self, batch: &Arc<Batch>) {
         let mut open = self.lock();
         if open.get(&batch.key).is_some_and(|b| Arc::ptr_eq(b, batch)) {
             open.remove(&batch.key);
         }
         let mut inner = batch.lock();
-        if inner.stage == Stage::Open {
+        if matches!(inner.stage, Stage::Open | Stage::Waiting) {
             inner.stage = Stage::Closed;
         }
     }
@@ -329,6 +355,21 @@ mod tests {
         assert!(c.opened.is_none(), "the emptied batch is still open");
         let d = batches.join(1, s, member(json!({"input": "abcdefgh"})).0);
         assert!(d.opened.is_some(), "3 + 2 tokens pass max_batch_tokens 4");
+        // Past its max_wait, waiting for a slot, it still takes members; closed, it does not.
+        let next = d.opened.clone().unwrap();
+        batches.wait_over(&next);
+        let e = batches.join(1, s, member(json!({"input": "ab"})).0);
+        assert!(e.opened.is_none());
+        batches.close(&next);
+        let f = batches.join(1, s, member(json!({"input": "ab"})).0);
+        let last = f.opened.clone().unwrap();
+        assert!(!batches.close_if_empty(&last), "it has a member");
+        drop(f);
+        assert!(batches.close_if_empty(&last), "its last member left");
+        assert!(batches
+            .join(1, s, member(json!({"input": "ab"})).0)
+            .opened
+            .is_some());
         let members = batch.take();
         assert_eq!(members.len(), 1);
         drop(c);

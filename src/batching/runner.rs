@@ -54,19 +54,26 @@ pub async fn run(job: BatchJob) {
         () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
         () = batch.closed_early.notified() => {}
     }
-    job.snapshot.classes[job.class].state.batches.close(batch);
+    let batches = &job.snapshot.classes[job.class].state.batches;
     let delay = batch.opened.elapsed();
-    let Some(tenant) = batch.first_tenant() else {
+    if batches.close_if_empty(batch) {
         return; // every member left
-    };
+    }
+    batches.wait_over(batch);
+    // Emptied since: admission sees `emptied` and closes it.
+    let tenant = batch.first_tenant().unwrap_or_default();
     job.metrics.batch_assembled(delay);
     let demand = Demand {
         route: job.route.clone(),
         tokens: batch.tokens(),
         prefix: Arc::from([]),
     };
-    let Some((lease, _slots)) = admit(&job, &tenant, &demand).await else {
-        return;
+    let admitted = admit(&job, &tenant, &demand).await;
+    // Admitted or not, nobody joins it any more.
+    batches.close(batch);
+    let (lease, _slots) = match admitted {
+        Ok(admitted) => admitted,
+        Err(refusal) => return answer_refused(&job, refusal),
     };
     let members: Vec<Member> = batch
         .take()
@@ -96,13 +103,12 @@ pub async fn run(job: BatchJob) {
 }
 
 /// Admits the batch as one request of `tenant`: its backend lease, and the class and tenant
-/// slots it holds until it ends. `None` when every member left while it waited, or it was
-/// refused (each member is then answered with the refusal).
+/// slots it holds until it ends; or why not (`None`: every member left while it waited).
 async fn admit(
     job: &BatchJob,
     tenant: &str,
     demand: &Demand,
-) -> Option<(Lease, (Slot, TenantSlot))> {
+) -> Result<(Lease, (Slot, TenantSlot)), Option<ProxyError>> {
     let (snapshot, index, batch) = (&job.snapshot, job.class, &job.batch);
     let class = &snapshot.classes[index];
     let queue = class.state.queues.get(&demand.route);
@@ -113,8 +119,8 @@ async fn admit(
             biased;
             outcome = &mut admitting => break outcome,
             () = batch.emptied.notified() => {
-                if batch.is_empty() {
-                    return None;
+                if class.state.batches.close_if_empty(batch) {
+                    return Err(None);
                 }
             }
         }
@@ -124,20 +130,30 @@ async fn admit(
             job.metrics.queue_wait(admitted.queued_for);
             let mut lease = admitted.lease.lease;
             lease.set_tokens(demand.tokens);
-            Some((lease, (admitted.lease.class_slot, admitted.tenant_slot)))
+            Ok((lease, (admitted.lease.class_slot, admitted.tenant_slot)))
         }
         Err(shed) => {
             let pool = &snapshot.pools[class.pool].name;
-            let error = ProxyError::refused(&class.name, pool, tenant, &shed, &class.policy);
-            for m in batch.take() {
-                job.metrics.shed(&m.tenant, error.code());
-                let _ = m.reply.send(Reply {
-                    backend: None,
-                    outcome: Err(error.clone()),
-                });
-            }
-            None
+            Err(Some(ProxyError::refused(
+                &class.name,
+                pool,
+                tenant,
+                &shed,
+                &class.policy,
+            )))
         }
+    }
+}
+
+/// Answers every member of a batch that admission refused with `error`.
+fn answer_refused(job: &BatchJob, error: Option<ProxyError>) {
+    let Some(error) = error else { return };
+    for m in job.batch.take() {
+        job.metrics.shed(&m.tenant, error.code());
+        let _ = m.reply.send(Reply {
+            backend: None,
+            outcome: Err(error.clone()),
+        });
     }
 }
 
