@@ -142,6 +142,33 @@ impl ProxyError {
         body.to_string().into_bytes()
     }
 
+    /// The answer to a request (or batch) of `tenant` that admission into `class` (served by
+    /// `pool`, queued by `policy`) refused with `shed`.
+    pub fn refused(
+        class: &str,
+        pool: &str,
+        tenant: &str,
+        shed: &crate::admission::Shed,
+        policy: &crate::admission::QueuePolicy,
+    ) -> ProxyError {
+        let retry_after = shed.retry_after_secs();
+        if shed.reason == ShedReason::QueueFull && policy.max_depth == 0 {
+            // Queueing is off: the plain truth is that nothing was free.
+            ProxyError::NoBackendAvailable {
+                class: class.to_string(),
+                pool: pool.to_string(),
+                retry_after,
+            }
+        } else {
+            ProxyError::Shed {
+                class: class.to_string(),
+                tenant: tenant.to_string(),
+                reason: shed.reason,
+                retry_after,
+            }
+        }
+    }
+
     /// Maps an error pingora raised while proxying; `None` when the client side failed
     /// (nobody is left to answer).
     pub fn from_pingora(error: &pingora::Error) -> Option<ProxyError> {

@@ -4,6 +4,8 @@
 //!
 //! 1. [`proxy`] (pingora's `ProxyHttp` hooks) loads the current [`routing::Snapshot`] and
 //!    classifies the request into a class ([`routing::classify`]);
+//!    A request its class batches ([`batching`]: embeddings) joins a batch instead, which is
+//!    admitted, placed and sent as one request, and is answered with its own part;
 //! 2. [`admission`] admits it: a class slot and a backend lease taken together, or a place in
 //!    the class's fair queue, or a 429/503 ([`error`]);
 //! 3. [`routing`] picks the backend: live candidates ranked and picked by the class's
@@ -23,6 +25,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod batching;
 pub mod cli;
 mod client_watch;
 pub mod config;

@@ -4,7 +4,7 @@
 
 use crate::config::{PlacementKind, TelemetrySettings};
 use crate::health::{now_ms, CheckStatus};
-use crate::metrics::{Metrics, Percentiles};
+use crate::metrics::{ClassMetrics, Metrics, Percentiles};
 use crate::routing::prefix::ENTRY_BYTES;
 use crate::routing::{Backend, Class, ModelList, Snapshot};
 use crate::telemetry::{GpuReading, ServerLoad};
@@ -157,6 +157,28 @@ pub struct ClassView {
     /// Expected service time (slot to last byte) of a request of its mean size per backend
     /// of its pool, seconds, as measured; backends without a usable estimate are left out.
     pub service_seconds: BTreeMap<String, f64>,
+    /// Its batching settings and state, when it batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batching: Option<BatchingView>,
+}
+
+/// A batching class's settings and batches in [`ClassView`].
+#[derive(Debug, Serialize)]
+pub struct BatchingView {
+    /// Most items in one batch.
+    pub max_batch: usize,
+    /// Longest a batch waits for members, milliseconds.
+    pub max_wait_ms: f64,
+    /// Most estimated tokens in one batch, when limited.
+    pub max_batch_tokens: Option<u64>,
+    /// Batches taking members now.
+    pub open_batches: usize,
+    /// Requests waiting in them.
+    pub waiting: usize,
+    /// Requests answered from a batch so far.
+    pub batched_total: u64,
+    /// Requests of the class sent alone so far.
+    pub unbatched_total: u64,
 }
 
 /// Recent latency of a class in [`ClassView`], seconds.
@@ -282,5 +304,21 @@ fn class_view(
             .into_iter()
             .map(|(name, secs)| (name.to_string(), secs))
             .collect(),
+        batching: batching_view(snapshot, c, &m),
     }
+}
+
+fn batching_view(snapshot: &Snapshot, c: &Class, m: &ClassMetrics) -> Option<BatchingView> {
+    let config = snapshot.config.classes.iter().find(|k| k.name == c.name)?;
+    let settings = config.batching?;
+    let (batched_total, unbatched_total) = m.batching_totals();
+    Some(BatchingView {
+        max_batch: settings.max_batch,
+        max_wait_ms: settings.max_wait.as_secs_f64() * 1000.0,
+        max_batch_tokens: settings.max_batch_tokens,
+        open_batches: c.state.batches.open_count(),
+        waiting: c.state.batches.waiting(),
+        batched_total,
+        unbatched_total,
+    })
 }

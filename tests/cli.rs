@@ -22,7 +22,7 @@ fn shipped_config_checks_clean() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("ok: listen 127.0.0.1:8080, 3 backends, 2 pools, 2 classes"),
+        stdout.contains("ok: listen 127.0.0.1:8080, 3 backends, 2 pools, 3 classes"),
         "{stdout}"
     );
 }

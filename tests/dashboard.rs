@@ -143,7 +143,7 @@ async fn dashboard_shows_the_fleet_and_its_charts_update_in_a_browser() {
     let first = dump_dom(&url, 3000).await;
     assert!(first.contains("gpulb dashboard"), "{first}");
     let before = points(&first);
-    assert_eq!(before.len(), 8, "charts: {before:?}");
+    assert_eq!(before.len(), 10, "charts: {before:?}");
     assert!(before.values().all(|&n| n >= 2), "{before:?}");
     let backends = elements_with(&first, "data-backend");
     for name in ["w0", "w1"] {

@@ -157,3 +157,9 @@ pub(crate) fn discover_interval() -> Duration {
 pub(crate) fn discover_timeout() -> Duration {
     Duration::from_secs(2)
 }
+pub(crate) fn batch_max_items() -> usize {
+    32
+}
+pub(crate) fn batch_max_wait() -> Duration {
+    Duration::from_millis(5)
+}

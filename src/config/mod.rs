@@ -3,6 +3,7 @@
 //! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
 
 mod admission;
+mod batching;
 mod compiled;
 pub mod defaults;
 mod diff;
@@ -16,6 +17,7 @@ mod telemetry;
 mod validate;
 
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
+pub use batching::BatchingConfig;
 pub use compiled::{Compiled, MatchRule, ResolveError, Upstream};
 pub use diff::describe_changes;
 pub use discover::{BackendTemplate, DiscoverConfig, Found};
@@ -188,6 +190,9 @@ pub struct ClassConfig {
     /// How a backend is chosen among those with a free slot, and whether to wait for a faster one.
     #[serde(default)]
     pub placement: PlacementKind,
+    /// Merge compatible `/v1/embeddings` requests into one upstream call; absent = never.
+    #[serde(default)]
+    pub batching: Option<BatchingConfig>,
 }
 
 /// How a class chooses among the backends of its pool.
@@ -315,6 +320,7 @@ impl Config {
                 fallback_pool: None,
                 backend_share: None,
                 placement: PlacementKind::default(),
+                batching: None,
             });
         }
         if self.default_class.is_none() && self.classes.len() == 1 {

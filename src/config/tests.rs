@@ -172,3 +172,41 @@ fn header_names_are_compiled_from_the_keys_the_file_sets() {
     assert_eq!(defaults.compiled.tenant_header, "x-tenant");
     assert_eq!(defaults.compiled.request_id_header, "x-request-id");
 }
+
+#[test]
+fn batching_is_off_unless_configured_and_its_limits_are_checked() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.classes[0].batching, None);
+    let class = |batching: &str| {
+        format!("{MINIMAL}classes:\n  - {{name: c, pool: default, batching: {batching}}}\n")
+    };
+    let config = Config::from_yaml(&class("{}")).unwrap();
+    let batching = config.classes[0].batching.unwrap();
+    assert_eq!(
+        (
+            batching.max_batch,
+            batching.max_wait,
+            batching.max_batch_tokens
+        ),
+        (32, std::time::Duration::from_millis(5), None)
+    );
+    let config = Config::from_yaml(&class(
+        "{max_batch: 8, max_wait: 2ms, max_batch_tokens: 4096}",
+    ))
+    .unwrap();
+    assert_eq!(
+        config.classes[0].batching.unwrap().max_batch_tokens,
+        Some(4096)
+    );
+    let errors = errors_of(&class("{max_batch: 0, max_wait: 0ms, max_batch_tokens: 0}"));
+    assert_eq!(
+        errors,
+        [
+            "classes[0].batching.max_batch: must be between 1 and 4096",
+            "classes[0].batching.max_wait: must be > 0 and at most 10s (it is added to the latency of every batched request)",
+            "classes[0].batching.max_batch_tokens: must be >= 1",
+        ]
+    );
+    let errors = errors_of(&class("{max_size: 8}"));
+    assert!(errors[0].contains("unknown field `max_size`"), "{errors:?}");
+}

@@ -24,6 +24,10 @@ pub struct ClassMetrics {
     pub(super) window: LatencyWindow,
     pub(super) finished_total: AtomicU64,
     pub(super) shed_total: AtomicU64,
+    pub(super) batch_size: Histogram,
+    pub(super) batch_delay: Histogram,
+    /// Requests answered as members of a batch, and requests of a batching class sent alone.
+    pub(super) batching: [IntCounter; 2],
 }
 
 impl std::fmt::Debug for ClassMetrics {
@@ -31,6 +35,37 @@ impl std::fmt::Debug for ClassMetrics {
         f.debug_struct("ClassMetrics")
             .field("name", &self.name)
             .finish_non_exhaustive()
+    }
+}
+
+/// A class's batch totals: differences of two readings give the means over the time between.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchFigures {
+    /// Batches sent upstream.
+    pub sent: u64,
+    /// Their input items, summed.
+    pub items: f64,
+    /// Batches assembled (closed with members).
+    pub assembled: u64,
+    /// Their assembly delays, summed, seconds.
+    pub delay_s: f64,
+}
+
+impl BatchFigures {
+    /// Mean items per batch sent, and mean assembly delay (seconds), since `before`; `None`
+    /// where no batch came.
+    pub fn means_since(&self, before: &BatchFigures) -> (Option<f64>, Option<f64>) {
+        let mean = |sum: f64, n: u64| (n > 0).then(|| sum / n as f64);
+        (
+            mean(
+                self.items - before.items,
+                self.sent.saturating_sub(before.sent),
+            ),
+            mean(
+                self.delay_s - before.delay_s,
+                self.assembled.saturating_sub(before.assembled),
+            ),
+        )
     }
 }
 
@@ -116,6 +151,37 @@ impl ClassMetrics {
     /// A request waited `waited` in the queue before it was admitted.
     pub fn queue_wait(&self, waited: Duration) {
         self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A batch stopped taking members `delay` after its first joined.
+    pub fn batch_assembled(&self, delay: Duration) {
+        self.batch_delay.observe(delay.as_secs_f64());
+    }
+
+    /// A batch of `items` input items went upstream as one call.
+    pub fn batch_sent(&self, items: usize) {
+        self.batch_size.observe(items as f64);
+    }
+
+    /// A request of a class that batches was answered from a batch (`batched`) or went to its
+    /// backend alone.
+    pub fn batching_request(&self, batched: bool) {
+        self.batching[usize::from(!batched)].inc();
+    }
+
+    /// Batches sent and assembled so far, with their items and delays summed.
+    pub fn batch_figures(&self) -> BatchFigures {
+        BatchFigures {
+            sent: self.batch_size.get_sample_count(),
+            items: self.batch_size.get_sample_sum(),
+            assembled: self.batch_delay.get_sample_count(),
+            delay_s: self.batch_delay.get_sample_sum(),
+        }
+    }
+
+    /// Requests answered from a batch, and requests of a batching class sent alone, so far.
+    pub fn batching_totals(&self) -> (u64, u64) {
+        (self.batching[0].get(), self.batching[1].get())
     }
 
     /// p50/p99 of (duration, time to first byte) over the last `span_s` seconds (at most 60).

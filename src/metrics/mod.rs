@@ -10,7 +10,7 @@ mod class;
 
 mod window;
 
-pub use class::ClassMetrics;
+pub use class::{BatchFigures, ClassMetrics};
 pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
 
 use crate::health::now_ms;
@@ -26,6 +26,17 @@ use std::time::{Duration, Instant};
 /// long generation.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Histogram buckets (input items) for the size of a batch.
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// Histogram buckets (seconds) for a batch's assembly delay: `max_wait` is milliseconds.
+pub const BATCH_DELAY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
 ];
 
 /// Longest tenant name used as a label value; longer ones fold into `other`.
@@ -44,6 +55,9 @@ pub struct Metrics {
     shed: IntCounterVec,
     model_requests: IntCounterVec,
     tokens: IntCounterVec,
+    batch_size: HistogramVec,
+    batch_delay: HistogramVec,
+    batching: IntCounterVec,
     auth_failures: IntCounter,
     tenants: Arc<TenantLabels>,
     models: Arc<TenantLabels>,
@@ -74,7 +88,11 @@ pub(crate) fn register<C: prometheus::core::Collector + Clone + 'static>(
 }
 
 fn histogram(r: &prometheus::Registry, name: &str, help: &str) -> HistogramVec {
-    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    histogram_in(r, name, help, LATENCY_BUCKETS)
+}
+
+fn histogram_in(r: &prometheus::Registry, name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
     register(
         r,
         HistogramVec::new(opts, &["class"]).expect("valid histogram"),
@@ -148,6 +166,24 @@ impl Metrics {
             "Tokens of answered requests whose backend reported usage, by class and kind: prompt_estimated (gpulb's estimate from the body), prompt_reported and completion_reported (the backend's usage).",
             &["class", "kind"],
         );
+        let batch_size = histogram_in(
+            &r,
+            "gpulb_batch_size",
+            "Input items of each batch sent upstream as one call, by class.",
+            BATCH_SIZE_BUCKETS,
+        );
+        let batch_delay = histogram_in(
+            &r,
+            "gpulb_batch_assembly_delay_seconds",
+            "Time from a batch's first member joining to the batch closing (full, or max_wait), by class.",
+            BATCH_DELAY_BUCKETS,
+        );
+        let batching = counter(
+            &r,
+            "gpulb_batching_requests_total",
+            "Requests of classes that batch, by class and mode: batched (answered from a batch) or unbatched (sent alone: streaming, another path, too large, or not mergeable).",
+            &["class", "mode"],
+        );
         let auth_failures = register(
             &r,
             IntCounter::new(
@@ -165,6 +201,9 @@ impl Metrics {
             shed,
             model_requests,
             tokens,
+            batch_size,
+            batch_delay,
+            batching,
             auth_failures,
             tenants: Arc::new(TenantLabels {
                 max: max_tenants,
@@ -210,6 +249,10 @@ impl Metrics {
             window: LatencyWindow::default(),
             finished_total: AtomicU64::new(0),
             shed_total: AtomicU64::new(0),
+            batch_size: self.batch_size.with_label_values(&[name]),
+            batch_delay: self.batch_delay.with_label_values(&[name]),
+            batching: ["batched", "unbatched"]
+                .map(|mode| self.batching.with_label_values(&[name, mode])),
         }
     }
 

@@ -1,7 +1,6 @@
 //! The admission step of `request_filter`: wait in the class queue for a grant, or be shed.
 
 use super::ctx::RequestCtx;
-use crate::admission::ShedReason;
 use crate::client_watch::client_gone;
 use crate::error::ProxyError;
 use crate::routing::Snapshot;
@@ -45,22 +44,7 @@ pub async fn admit(
         }
         Err(shed) => {
             let (class_name, pool) = ctx.class_and_pool();
-            let retry_after = shed.retry_after_secs();
-            let error = if shed.reason == ShedReason::QueueFull && class.policy.max_depth == 0 {
-                // Queueing is off: the plain truth is that nothing was free.
-                ProxyError::NoBackendAvailable {
-                    class: class_name,
-                    pool,
-                    retry_after,
-                }
-            } else {
-                ProxyError::Shed {
-                    class: class_name,
-                    tenant: ctx.tenant.clone(),
-                    reason: shed.reason,
-                    retry_after,
-                }
-            };
+            let error = ProxyError::refused(&class_name, &pool, &ctx.tenant, &shed, &class.policy);
             Ok(Some(error))
         }
     }

@@ -6,6 +6,7 @@
 //! exactly once however the request ends (response done, error, client gone, shutdown).
 
 mod admit;
+mod batch;
 mod body;
 mod ctx;
 mod finish;
@@ -34,6 +35,8 @@ pub struct Gpulb {
     metrics: Arc<Metrics>,
     access_log: bool,
     lifecycle: Arc<Lifecycle>,
+    /// The client batches make their upstream calls with.
+    batch_client: reqwest::Client,
 }
 
 impl Gpulb {
@@ -46,11 +49,13 @@ impl Gpulb {
         access_log: bool,
         lifecycle: Arc<Lifecycle>,
     ) -> Self {
+        let batch_client = crate::batching::upstream::client(&registry.load().config.timeouts);
         Gpulb {
             registry,
             metrics,
             access_log,
             lifecycle,
+            batch_client,
         }
     }
 }
@@ -120,6 +125,9 @@ impl ProxyHttp for Gpulb {
             session.set_keepalive(None);
             respond_error(session, ctx, &error).await?;
             ctx.failure = Some(error);
+            return Ok(true);
+        }
+        if batch::batch(session, ctx, &snapshot, &self.batch_client).await? {
             return Ok(true);
         }
         // Admit and pick in one step: the lease granted here is the one `upstream_peer` uses.

@@ -184,6 +184,8 @@ pub struct ClassState {
     /// Moving average of its requests' estimated tokens (0 before any body was read): the
     /// size assumed for a queued request when a slot is taken for whoever is next.
     pub mean_tokens: AtomicU64,
+    /// Its batches taking members now (classes with `batching`).
+    pub batches: crate::batching::OpenBatches,
 }
 
 impl ClassState {
@@ -194,6 +196,7 @@ impl ClassState {
             queues: ClassQueues::default(),
             service_times: ServiceTimes::default(),
             mean_tokens: AtomicU64::new(0),
+            batches: crate::batching::OpenBatches::default(),
         }
     }
 }

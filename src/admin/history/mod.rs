@@ -2,7 +2,7 @@
 //! host figures into a bounded ring (the last ten minutes), served as JSON by `GET /history`.
 
 use crate::hostinfo::CpuRatios;
-use crate::metrics::{Metrics, Percentiles};
+use crate::metrics::{BatchFigures, Metrics, Percentiles};
 use crate::routing::{Registry, Snapshot};
 use crate::telemetry::ServerLoad;
 use crate::view::{BackendView, FleetView, CHART_LATENCY_SPAN_S};
@@ -94,6 +94,12 @@ pub struct ClassPoint {
     pub requests_per_s: f64,
     /// Requests shed per second over the last interval.
     pub sheds_per_s: f64,
+    /// Whether the class batches (has `batching`).
+    pub batching: bool,
+    /// Mean input items per batch sent over the last interval; `None` when none was sent.
+    pub batch_size: Option<f64>,
+    /// Mean batch assembly delay over the last interval, seconds; `None` when none closed.
+    pub batch_delay_s: Option<f64>,
 }
 
 /// A backend of the view as the dashboard draws it.
@@ -139,6 +145,8 @@ struct Ring {
     next_seq: u64,
     /// Per class: (answered, shed) totals at the previous sample, and when.
     previous: HashMap<String, (u64, u64, Instant)>,
+    /// Per class: its batch totals at the previous sample.
+    previous_batches: HashMap<String, BatchFigures>,
 }
 
 /// `GET /history` body.
@@ -171,7 +179,12 @@ impl History {
         let gpus = view.backends.iter().flat_map(gpu_points).collect();
         let mut classes = Vec::with_capacity(view.classes.len());
         let mut previous = HashMap::new();
+        let mut previous_batches = HashMap::new();
         for c in &view.classes {
+            let batches = metrics.class(&c.name).batch_figures();
+            let before = ring.previous_batches.get(&c.name).copied();
+            let (batch_size, batch_delay_s) = batches.means_since(&before.unwrap_or(batches));
+            previous_batches.insert(c.name.clone(), batches);
             let (done, shed) = (c.requests_total, c.shed_total);
             let rate = |now: u64, before: u64, at: Instant| {
                 let secs = instant.saturating_duration_since(at).as_secs_f64();
@@ -194,9 +207,13 @@ impl History {
                 ttfb: c.latency.ttfb,
                 requests_per_s,
                 sheds_per_s,
+                batching: c.batching.is_some(),
+                batch_size,
+                batch_delay_s,
             });
         }
         ring.previous = previous;
+        ring.previous_batches = previous_batches;
         ring.next_seq += 1;
         let sample = Sample {
             seq: ring.next_seq,

@@ -140,6 +140,9 @@ pub(super) fn validate_admission(
             "must be in (0, 1]",
         );
     }
+    if let Some(batching) = &class.batching {
+        check_batching(batching, &format!("{at}.batching"), report);
+    }
     if let (Some(min), Some(max)) = (
         class.matcher.min_content_length,
         class.matcher.max_content_length,
@@ -285,4 +288,25 @@ pub enum TokenError {
     /// The file's first line is blank.
     #[error("token_file: {0} holds no token")]
     Empty(String),
+}
+
+/// Most items one batch may be configured to hold.
+const MAX_BATCH_ITEMS: usize = 4096;
+/// Longest a batch may be configured to wait for members.
+const MAX_BATCH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn check_batching(b: &crate::config::BatchingConfig, at: &str, report: &mut Report) {
+    report.check(
+        (1..=MAX_BATCH_ITEMS).contains(&b.max_batch),
+        format!("{at}.max_batch"),
+        format!("must be between 1 and {MAX_BATCH_ITEMS}"),
+    );
+    report.check(
+        !b.max_wait.is_zero() && b.max_wait <= MAX_BATCH_WAIT,
+        format!("{at}.max_wait"),
+        "must be > 0 and at most 10s (it is added to the latency of every batched request)",
+    );
+    if b.max_batch_tokens == Some(0) {
+        report.error(format!("{at}.max_batch_tokens"), "must be >= 1");
+    }
 }

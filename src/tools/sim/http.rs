@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
 use super::body::{full, json_response, Body, Counted};
+use super::embeddings::{self, Embedder};
 use super::engine::Engine;
 use super::models::{NotServed, ServedModels};
 use super::openai::{self, Kind};
@@ -51,6 +52,7 @@ pub(crate) struct Shared {
     pub ctl: watch::Receiver<Mode>,
     pub gpu: dcgm::SimGpu,
     pub models: ServedModels,
+    pub embedder: Embedder,
 }
 
 impl Shared {
@@ -162,6 +164,10 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         }
         (Method::POST, "/v1/chat/completions") => {
             completions::generate(sh, req, Kind::Chat, fault).await
+        }
+        (Method::POST, "/v1/embeddings") => {
+            let slow = if let Fault::Slow(f) = fault { f } else { 1.0 };
+            embeddings::embed(sh, req, slow).await
         }
         (Method::GET, "/v1/models") => json_response(StatusCode::OK, &sh.models.list_body()),
         (Method::GET, "/health") => json_response(StatusCode::OK, &json!({"status": "ok"})),

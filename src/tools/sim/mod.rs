@@ -3,6 +3,9 @@
 mod body;
 mod completions;
 mod dcgm;
+#[cfg(test)]
+mod embedding_tests;
+mod embeddings;
 mod engine;
 #[cfg(test)]
 mod fault_tests;
@@ -29,6 +32,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinSet};
 
+pub use self::embeddings::{EmbeddingProfile, REJECT_MARKER};
+
+use self::embeddings::Embedder;
 use self::engine::{Engine, EngineConfig};
 use self::http::{Mode, Shared};
 use self::models::ServedModels;
@@ -66,6 +72,8 @@ pub struct WorkerProfile {
     /// Automatic prefix caching like vLLM's: finished prompts' 16-token blocks stay cached in
     /// the free KV budget (LRU), and a prompt's cached leading blocks skip prefill. On by default.
     pub prefix_caching: bool,
+    /// Cost and capacity of `POST /v1/embeddings`.
+    pub embedding: EmbeddingProfile,
 }
 
 impl WorkerProfile {
@@ -84,6 +92,7 @@ impl WorkerProfile {
             models: vec![openai::DEFAULT_MODEL.to_string()],
             strict_models: false,
             prefix_caching: true,
+            embedding: EmbeddingProfile::default(),
         }
     }
 
@@ -136,6 +145,10 @@ pub struct SimStats {
     pub prefix_cache_queries_total: u64,
     /// Prompt tokens found in the prefix cache, whose prefill was skipped (`vllm:prefix_cache_hits_total`).
     pub prefix_cache_hits_total: u64,
+    /// `/v1/embeddings` calls answered 200.
+    pub embedding_calls_total: u64,
+    /// Input items embedded by those calls.
+    pub embedding_items_total: u64,
 }
 
 /// A running simulated worker; dropping it stops all of its tasks.
@@ -182,6 +195,7 @@ impl SimWorker {
             next_id: AtomicU64::new(0),
             ctl: ctl_rx.clone(),
             gpu,
+            embedder: Embedder::new(profile.embedding),
             models: ServedModels::new(
                 profile.models,
                 profile.strict_models,
@@ -268,6 +282,8 @@ impl SimWorker {
             control_total: self.shared.control.load(Ordering::Relaxed),
             prefix_cache_queries_total: st.prefix_queries_total.load(Ordering::Relaxed),
             prefix_cache_hits_total: st.prefix_hits_total.load(Ordering::Relaxed),
+            embedding_calls_total: self.shared.embedder.calls.load(Ordering::Relaxed),
+            embedding_items_total: self.shared.embedder.items.load(Ordering::Relaxed),
         }
     }
 

@@ -1,0 +1,293 @@
+//! The life of one batch after it opens: wait for members (up to `max_wait`, or until full),
+//! be admitted and placed as one request (one class slot, one backend lease), make the upstream
+//! call, and answer every member with its own part.
+
+use super::assembly::{Answer, Batch, Member, Reply};
+use super::input::merged_body;
+use super::split::split;
+use super::upstream::{post, CallFailed};
+use crate::admission::TenantSlot;
+use crate::error::ProxyError;
+use crate::health::AttemptFailure;
+use crate::metrics::ClassMetrics;
+use crate::routing::{Demand, Lease, ModelRoute, Slot, Snapshot};
+use http::HeaderValue;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::sleep_until;
+
+/// tokio's timer fires on whole milliseconds, rounding up, and a busy runtime wakes a task
+/// later still (about 1 ms on average, measured on a loaded 2-core machine): a batch's timer is
+/// set early by two ticks, or a twentieth of its `max_wait` when that is more, but never by more
+/// than half of it, so that the batch closes by `max_wait`.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// When the batch opened at `opened` with `max_wait` stops waiting for members.
+fn closing_time(opened: tokio::time::Instant, max_wait: Duration) -> tokio::time::Instant {
+    let early = (2 * TIMER_TICK).max(max_wait / 20).min(max_wait / 2);
+    opened + max_wait - early
+}
+
+/// Everything a batch's runner needs, fixed when the batch opened.
+pub struct BatchJob {
+    /// The batch.
+    pub batch: Arc<Batch>,
+    /// The snapshot its first member ran under: the batch is admitted and placed under it.
+    pub snapshot: Arc<Snapshot>,
+    /// Index of its class in that snapshot.
+    pub class: usize,
+    /// Which backends its model allows.
+    pub route: ModelRoute,
+    /// The request path (`/v1/embeddings`).
+    pub path: String,
+    /// The members' `Authorization` (part of the batch's key, so the same for all).
+    pub authorization: Option<HeaderValue>,
+    /// Its class's metrics.
+    pub metrics: Arc<ClassMetrics>,
+    /// The shared upstream client.
+    pub client: reqwest::Client,
+}
+
+/// Runs `job`'s batch to its end; every member still there gets exactly one reply.
+pub async fn run(job: BatchJob) {
+    let batch = &job.batch;
+    tokio::select! {
+        () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
+        () = batch.closed_early.notified() => {}
+    }
+    let batches = &job.snapshot.classes[job.class].state.batches;
+    let delay = batch.opened.elapsed();
+    if batches.close_if_empty(batch) {
+        return; // every member left
+    }
+    batches.wait_over(batch);
+    // Emptied since: admission sees `emptied` and closes it.
+    let tenant = batch.first_tenant().unwrap_or_default();
+    job.metrics.batch_assembled(delay);
+    let demand = Demand {
+        route: job.route.clone(),
+        tokens: batch.tokens(),
+        prefix: Arc::from([]),
+    };
+    let admitted = admit(&job, &tenant, &demand).await;
+    // Admitted or not, nobody joins it any more.
+    batches.close(batch);
+    let (lease, _slots) = match admitted {
+        Ok(admitted) => admitted,
+        Err(refusal) => return answer_refused(&job, refusal),
+    };
+    let members: Vec<Member> = batch
+        .take()
+        .into_iter()
+        .filter(|m| !m.reply.is_closed())
+        .collect();
+    if members.is_empty() {
+        return;
+    }
+    let items: usize = members.iter().map(|m| m.input.items.len()).sum();
+    job.metrics.batch_sent(items);
+    let body = merged_body(
+        &members[0].input.options,
+        members.iter().flat_map(|m| &m.input.items),
+    );
+    match send(&job, lease, &demand, body).await {
+        Ok((lease, answer)) => answer_members(&job, lease, answer, members).await,
+        Err((backend, error)) => {
+            for m in members {
+                let _ = m.reply.send(Reply {
+                    backend,
+                    outcome: Err(error.clone()),
+                });
+            }
+        }
+    }
+}
+
+/// Admits the batch as one request of `tenant`: its backend lease, and the class and tenant
+/// slots it holds until it ends; or why not (`None`: every member left while it waited).
+async fn admit(
+    job: &BatchJob,
+    tenant: &str,
+    demand: &Demand,
+) -> Result<(Lease, (Slot, TenantSlot)), Option<ProxyError>> {
+    let (snapshot, index, batch) = (&job.snapshot, job.class, &job.batch);
+    let class = &snapshot.classes[index];
+    let queue = class.state.queues.get(&demand.route);
+    let admitting = queue.admit(tenant, &class.policy, || snapshot.grant(index, demand));
+    tokio::pin!(admitting);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut admitting => break outcome,
+            () = batch.emptied.notified() => {
+                if class.state.batches.close_if_empty(batch) {
+                    return Err(None);
+                }
+            }
+        }
+    };
+    match outcome {
+        Ok(admitted) => {
+            job.metrics.queue_wait(admitted.queued_for);
+            let mut lease = admitted.lease.lease;
+            lease.set_tokens(demand.tokens);
+            Ok((lease, (admitted.lease.class_slot, admitted.tenant_slot)))
+        }
+        Err(shed) => {
+            let pool = &snapshot.pools[class.pool].name;
+            Err(Some(ProxyError::refused(
+                &class.name,
+                pool,
+                tenant,
+                &shed,
+                &class.policy,
+            )))
+        }
+    }
+}
+
+/// Answers every member of a batch that admission refused with `error`.
+fn answer_refused(job: &BatchJob, error: Option<ProxyError>) {
+    let Some(error) = error else { return };
+    for m in job.batch.take() {
+        job.metrics.shed(&m.tenant, error.code());
+        let _ = m.reply.send(Reply {
+            backend: None,
+            outcome: Err(error.clone()),
+        });
+    }
+}
+
+/// Makes the batch's upstream call on `lease`'s backend, trying others (up to
+/// `connect_retries`) when a connection cannot be made. The lease that answered and its answer,
+/// or the backend last tried and the error for the members.
+async fn send(
+    job: &BatchJob,
+    mut lease: Lease,
+    demand: &Demand,
+    body: Vec<u8>,
+) -> Result<(Lease, Answer), (Option<usize>, ProxyError)> {
+    let snapshot = &job.snapshot;
+    let mut failed = Vec::new();
+    loop {
+        let backend = lease.backend;
+        let Some(addr) = snapshot.backends[backend].state.address.get() else {
+            return Err((Some(backend), no_backend(job)));
+        };
+        let timeouts = &snapshot.config.timeouts;
+        let auth = job.authorization.as_ref();
+        match post(&job.client, addr, &job.path, body.clone(), auth, timeouts).await {
+            Ok(answer) => {
+                let outcome = match answer.status {
+                    500..=599 => Err(AttemptFailure::ServerError(answer.status)),
+                    _ => Ok(()),
+                };
+                snapshot.report(backend, outcome);
+                return Ok((lease, answer));
+            }
+            Err(CallFailed {
+                connect,
+                attempt,
+                error,
+            }) => {
+                snapshot.report(backend, Err(attempt));
+                if !connect || failed.len() >= snapshot.config.connect_retries {
+                    return Err((Some(backend), error));
+                }
+                failed.push(backend);
+                drop(lease);
+                lease = snapshot
+                    .acquire_for_class(job.class, demand, &failed)
+                    .ok_or((Some(backend), error))?;
+            }
+        }
+    }
+}
+
+/// The error for "no backend of the batch's pool can take it".
+fn no_backend(job: &BatchJob) -> ProxyError {
+    let class = &job.snapshot.classes[job.class];
+    ProxyError::NoBackendAvailable {
+        class: class.name.clone(),
+        pool: job.snapshot.pools[class.pool].name.clone(),
+        retry_after: 1,
+    }
+}
+
+/// Answers each member from the backend's `answer` to the batch: its own items on success; on
+/// a client error to a batch of several (one bad item refuses the whole call), each member is
+/// sent alone on the same backend and gets its own answer; anything else goes to all as it is.
+async fn answer_members(job: &BatchJob, lease: Lease, answer: Answer, members: Vec<Member>) {
+    let backend = Some(lease.backend);
+    let reply = |m: Member, outcome| {
+        let _ = m.reply.send(Reply { backend, outcome });
+    };
+    match answer.status {
+        200..=299 => {
+            let counts: Vec<usize> = members.iter().map(|m| m.input.items.len()).collect();
+            let weights: Vec<u64> = members.iter().map(|m| m.input.tokens()).collect();
+            match split(&answer.body, &counts, &weights) {
+                Ok(bodies) => {
+                    for (m, body) in members.into_iter().zip(bodies) {
+                        let own = Answer {
+                            body: body.into(),
+                            ..answer.clone()
+                        };
+                        reply(m, Ok(own));
+                    }
+                }
+                Err(e) => {
+                    let error = ProxyError::UpstreamFailed(e.to_string());
+                    members
+                        .into_iter()
+                        .for_each(|m| reply(m, Err(error.clone())));
+                }
+            }
+        }
+        400..=499 if members.len() > 1 => {
+            let Some(addr) = job.snapshot.backends[lease.backend].state.address.get() else {
+                let error = no_backend(job);
+                members
+                    .into_iter()
+                    .for_each(|m| reply(m, Err(error.clone())));
+                return;
+            };
+            let timeouts = &job.snapshot.config.timeouts;
+            let auth = job.authorization.as_ref();
+            let alone = members.iter().map(|m| {
+                post(
+                    &job.client,
+                    addr,
+                    &job.path,
+                    m.body.to_vec(),
+                    auth,
+                    timeouts,
+                )
+            });
+            let answers = futures_util::future::join_all(alone).await;
+            for (m, answer) in members.into_iter().zip(answers) {
+                reply(m, answer.map_err(|failed| failed.error));
+            }
+        }
+        _ => members
+            .into_iter()
+            .for_each(|m| reply(m, Ok(answer.clone()))),
+    }
+    drop(lease);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timer_is_set_early_by_two_ticks_a_twentieth_or_at_most_half() {
+        let at = |ms: u64| {
+            let opened = tokio::time::Instant::now();
+            closing_time(opened, Duration::from_millis(ms)) - opened
+        };
+        assert_eq!(at(5), Duration::from_millis(3));
+        assert_eq!(at(100), Duration::from_millis(95));
+        assert_eq!(at(2), Duration::from_millis(1));
+    }
+}
