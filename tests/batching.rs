@@ -25,8 +25,14 @@ async fn embedders(n: usize) -> Vec<SimWorker> {
     .await
 }
 
-/// One class, `default`, batching with `batching` (YAML), over `workers`.
+/// One class, `default`, batching with `batching` (YAML), over `workers`; unless `batching`
+/// says otherwise, every batch waits its `max_wait` even with a backend idle (what most tests
+/// here look at is how batches form).
 fn batching(workers: &[SimWorker], batching: &str) -> Config {
+    let batching = match batching.contains("send_when_idle") {
+        true => batching.to_string(),
+        false => batching.replacen('}', ", send_when_idle: false}", 1),
+    };
     Config::fleet(workers).class(Class::new("default", "default").set("batching", batching))
 }
 
@@ -213,6 +219,28 @@ async fn a_lone_request_waits_for_company_at_most_max_wait() {
 }
 
 #[tokio::test]
+async fn with_a_backend_slot_free_a_batch_goes_at_once() {
+    let workers = embedders(1).await;
+    let config = "{max_batch: 32, max_wait: 5s, send_when_idle: true}";
+    let proxy = Proxy::start(batching(&workers, config)).await;
+    for i in 0..3 {
+        let answer = proxy
+            .send(&embed(json!({"model": "e", "input": format!("lone {i}")})))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    assert_eq!(calls_and_items(&workers), (3, 3));
+    let page = proxy.metrics().await;
+    let bucket = |le: &str| {
+        let series =
+            format!(r#"gpulb_batch_assembly_delay_seconds_bucket{{class="default",le="{le}"}}"#);
+        metric(&page, &series)
+    };
+    assert_eq!(bucket("+Inf"), 3.0);
+    assert_eq!(bucket("1"), 3.0, "none waited out its 5 s max_wait");
+}
+
+#[tokio::test]
 async fn a_batch_waiting_for_a_backend_slot_keeps_taking_members() {
     let workers = start_workers(1, |p| {
         p.models = vec!["e".into()];
@@ -221,7 +249,10 @@ async fn a_batch_waiting_for_a_backend_slot_keeps_taking_members() {
     .await;
     let config = Config::fleet(&workers)
         .each_backend(|b| b.max_outstanding(1))
-        .class(Class::new("default", "default").set("batching", "{max_batch: 32, max_wait: 20ms}"));
+        .class(Class::new("default", "default").set(
+            "batching",
+            "{max_batch: 32, max_wait: 20ms, send_when_idle: false}",
+        ));
     let proxy = Proxy::start(config).await;
     let busy = proxy.spawn(embed(json!({"model": "e", "input": "takes the only slot"})));
     proxy.wait_outstanding("w0", 1).await;

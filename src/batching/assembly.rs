@@ -307,6 +307,7 @@ mod tests {
             max_batch,
             max_wait: Duration::from_millis(5),
             max_batch_tokens: max_tokens,
+            send_when_idle: true,
         }
     }
 

@@ -1,4 +1,5 @@
-//! The life of one batch after it opens: wait for members (up to `max_wait`, or until full),
+//! The life of one batch after it opens: wait for members (up to `max_wait`, or until full;
+//! not at all when a backend slot is free at once),
 //! be admitted and placed as one request (one class slot, one backend lease), make the upstream
 //! call, and answer every member with its own part.
 
@@ -51,9 +52,14 @@ pub struct BatchJob {
 /// Runs `job`'s batch to its end; every member still there gets exactly one reply.
 pub async fn run(job: BatchJob) {
     let batch = &job.batch;
-    tokio::select! {
-        () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
-        () = batch.closed_early.notified() => {}
+    // A backend slot free now: waiting for company would only add latency. Batches form when
+    // the backends are busy, which is when they pay.
+    let idle = batch.settings.send_when_idle && job.snapshot.has_room(job.class, &job.route);
+    if !idle {
+        tokio::select! {
+            () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
+            () = batch.closed_early.notified() => {}
+        }
     }
     let batches = &job.snapshot.classes[job.class].state.batches;
     let delay = batch.opened.elapsed();

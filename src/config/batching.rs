@@ -19,6 +19,10 @@ pub struct BatchingConfig {
     /// no limit beyond `max_batch`.
     #[serde(default)]
     pub max_batch_tokens: Option<u64>,
+    /// Send a batch at once, whatever it holds, when a backend slot is free as it opens (it
+    /// then waits for nothing); `false`: every batch waits `max_wait` or until full.
+    #[serde(default = "defaults::batch_send_when_idle")]
+    pub send_when_idle: bool,
 }
 
 impl Default for BatchingConfig {
@@ -27,6 +31,7 @@ impl Default for BatchingConfig {
             max_batch: defaults::batch_max_items(),
             max_wait: defaults::batch_max_wait(),
             max_batch_tokens: None,
+            send_when_idle: defaults::batch_send_when_idle(),
         }
     }
 }

@@ -160,6 +160,9 @@ pub(crate) fn discover_timeout() -> Duration {
 pub(crate) fn batch_max_items() -> usize {
     32
 }
+pub(crate) fn batch_send_when_idle() -> bool {
+    true
+}
 pub(crate) fn batch_max_wait() -> Duration {
     Duration::from_millis(5)
 }

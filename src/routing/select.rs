@@ -223,6 +223,27 @@ impl Snapshot {
         }
     }
 
+    /// Whether a request of class `class` for `route` would find a backend slot now with nobody
+    /// queued before it. Nothing is taken: by the time it is acted on, the answer may be stale.
+    pub fn has_room(&self, class: usize, route: &ModelRoute) -> bool {
+        let Some(c) = self.classes.get(class) else {
+            return false;
+        };
+        if c.state.outstanding.get() >= c.max_outstanding || c.state.queues.depth() > 0 {
+            return false;
+        }
+        let Some(pool) = self.pools.get(c.pool) else {
+            return false;
+        };
+        let (now_ms, now) = (now_ms(), Instant::now());
+        pool.members.iter().any(|&i| {
+            self.backends[i].state.models.admits(route)
+                && self
+                    .candidate(i, &c.guards, c.backend_share, now_ms, now)
+                    .available()
+        })
+    }
+
     /// Hands free slots to the queued requests of every class, in each queue's fairness order.
     pub fn dispatch_all(&self) {
         for (index, class) in self.classes.iter().enumerate() {
