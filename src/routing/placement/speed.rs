@@ -79,7 +79,8 @@ impl PoolSpeeds {
     /// expected to free a slot for each of the `queued` requests of the class (this one
     /// included) before the time `chosen` would lose on the request has passed. A full member
     /// with `n` requests in flight that each take `t` seconds there is taken to free `n / t`
-    /// slots a second. Members this class has no estimate for never cause a wait. `size` is
+    /// slots a second — every request on it, other replicas' too (its `load`): theirs free
+    /// slots as fast as ours. Members this class has no estimate for never cause a wait. `size` is
     /// the request's estimated work relative to the class's mean request (1 when unknown): a
     /// job twice the usual size loses twice the time on a slower member.
     pub fn should_hold(
@@ -104,7 +105,7 @@ impl PoolSpeeds {
             if candidate.available() {
                 return false;
             }
-            faster_rate += f64::from(candidate.outstanding) / secs.max(f64::EPSILON);
+            faster_rate += f64::from(candidate.load) / secs.max(f64::EPSILON);
             fastest = fastest.min(secs);
         }
         let time_saved = (chosen_secs - fastest) * size;
@@ -202,6 +203,11 @@ mod tests {
         assert!(!speeds.should_hold(1, &[down, cand(2), down], 1, 1.0));
         // The fastest never waits.
         assert!(!speeds.should_hold(0, &[cand(2), full, full], 1, 1.0));
+        // Fast members full of other replicas' requests free slots as fast as of ours.
+        let mut shared = cand(1);
+        shared.load = 7;
+        shared.max_outstanding = 1;
+        assert!(speeds.should_hold(1, &[shared, cand(2), shared], 13, 1.0));
     }
 
     #[test]
