@@ -199,6 +199,10 @@ struct Args {
     /// gpulb model-server telemetry interval.
     #[arg(long, default_value = "200ms")]
     telemetry_interval: String,
+    /// gpulb `telemetry.waiting_interval` (how often a server is read while requests wait and
+    /// other replicas hold part of it; `off`).
+    #[arg(long, default_value = "50ms")]
+    waiting_interval: String,
     /// gpulb pool guard max_server_queue (negative: no guard). Off by default: a request counts
     /// as waiting in the worker until its next step boundary, so 0 trips on healthy workers.
     #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]

@@ -181,6 +181,8 @@ pub struct GpulbKnobs {
     pub template: Option<PathBuf>,
     /// `telemetry.count_others`: admission counts other replicas' requests on each backend.
     pub count_others: bool,
+    /// `telemetry.waiting_interval`.
+    pub waiting_interval: String,
 }
 
 /// How a generated gpulb config tells interactive requests from bulk ones.
@@ -248,8 +250,8 @@ fn globals(y: &mut String, s: &Setup) {
     let _ = writeln!(y, "health_check: {{interval: 1s, rise: 1}}");
     let _ = writeln!(
         y,
-        "telemetry: {{stale_after: 2s, count_others: {}}}",
-        s.gpulb.count_others
+        "telemetry: {{stale_after: 2s, count_others: {}, waiting_interval: {}}}",
+        s.gpulb.count_others, s.gpulb.waiting_interval
     );
 }
 
@@ -654,6 +656,7 @@ mod tests {
             body_match: "{stream: true, max_tokens: {max: 100}}".into(),
             template: None,
             count_others: true,
+            waiting_interval: "50ms".into(),
         }
     }
 

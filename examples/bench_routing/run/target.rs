@@ -81,6 +81,7 @@ fn knobs(a: &Args) -> GpulbKnobs {
         body_match: a.body_match.clone(),
         template: a.gpulb_config.clone(),
         count_others: true,
+        waiting_interval: a.waiting_interval.clone(),
     }
 }
 
