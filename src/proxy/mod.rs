@@ -6,6 +6,7 @@
 //! exactly once however the request ends (response done, error, client gone, shutdown).
 
 mod admit;
+mod blame;
 mod body;
 mod ctx;
 mod finish;
@@ -112,6 +113,10 @@ impl ProxyHttp for Gpulb {
             return Ok(true);
         }
         let refused = intake::intake(session, ctx, &snapshot).await?;
+        // A body streamed past this point (chunked, or over the read limit) is bounded per read.
+        session
+            .as_downstream_mut()
+            .set_read_timeout(Some(snapshot.config.timeouts.client_body));
         let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
         if let Some(error) = refused {
@@ -261,6 +266,7 @@ impl ProxyHttp for Gpulb {
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let failure = ctx.failure.take().or_else(|| ProxyError::from_pingora(e));
+        let failure = blame::client_or_backend(session, e, failure, ctx.snapshot.as_deref());
         if failure == Some(ProxyError::ClientGone) {
             ctx.failure = failure;
             return FailToProxy {
