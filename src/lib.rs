@@ -25,6 +25,7 @@ pub mod admission;
 pub mod cli;
 mod client_watch;
 pub mod config;
+pub mod connections;
 pub mod error;
 mod headers;
 pub mod health;

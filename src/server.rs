@@ -4,6 +4,7 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
+use crate::connections::GuardedApp;
 use crate::lifecycle::{Drain, Lifecycle};
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
@@ -120,7 +121,7 @@ pub fn build_server(
         PerBackend::new(Arc::clone(&registry), TelemetryPolling),
     ));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let proxy_app = pingora::proxy::http_proxy(
         &server.configuration,
         Gpulb::new(
             Arc::clone(&registry),
@@ -128,8 +129,10 @@ pub fn build_server(
             access_log,
             Arc::clone(&lifecycle),
         ),
-        "gpulb proxy",
     );
+    // Client connections are capped and given deadlines below HTTP (connections/).
+    let guarded = GuardedApp::new(proxy_app, Arc::clone(&registry), Arc::clone(&metrics));
+    let mut proxy = Service::new("gpulb proxy".to_string(), guarded);
     proxy.add_tcp(&listen.to_string());
     proxy.threads = Some(threads);
     server.add_service(proxy);

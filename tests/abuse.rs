@@ -4,8 +4,10 @@
 
 mod common;
 
-use common::{start_workers, Config, Proxy, Raw, Req};
+use common::{start_workers, Config, Proxy, Raw, Req, WAIT};
 use serde_json::Value;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 
 /// Whether backend `name` is ejected in a `/status` document.
 fn ejected(status: &Value, name: &str) -> bool {
@@ -79,4 +81,115 @@ async fn a_stall_in_a_streamed_upload_is_the_clients_fault() {
     }
     let served = proxy.send(&Req::completion(2)).await;
     assert_eq!(served.status, 200);
+}
+
+/// The value of the metric line starting with `series` in a Prometheus text page (0 if absent).
+fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+const GET_ECHO: &str = "GET /echo HTTP/1.1\r\nhost: gpulb\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keepalive_connection_is_closed_after_client_idle() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers).set("timeouts", "{client_idle: 1s}")).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(GET_ECHO).await;
+    assert_eq!(raw.answer().await.status, 200);
+    assert!(
+        raw.closed_within(WAIT).await,
+        "the idle connection stayed open"
+    );
+    let page = proxy.metrics().await;
+    assert!(
+        metric(
+            &page,
+            "gpulb_client_connections_closed_total{reason=\"idle\"}"
+        ) >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_is_closed_after_client_header() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers).set("timeouts", "{client_header: 1s}")).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send("GET /echo HTTP/1.1\r\n").await;
+    // One header byte every 100 ms: each read is quick, the header never ends.
+    let drip = async {
+        for _ in 0..(WAIT.as_millis() / 100) {
+            if raw.0.write_all(b"x").await.is_err() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    let cut = drip.await || raw.closed_within(Duration::from_secs(1)).await;
+    assert!(cut, "a header dripping a byte at a time was never cut off");
+    let page = proxy.metrics().await;
+    assert!(
+        metric(
+            &page,
+            "gpulb_client_connections_closed_total{reason=\"header\"}"
+        ) >= 1.0
+    );
+    assert_eq!(proxy.send(&Req::get("/echo")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_over_max_header_bytes_is_refused() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy =
+        Proxy::start(Config::fleet(&workers).set("limits", "{max_header_bytes: 2048}")).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    let big = format!(
+        "GET /echo HTTP/1.1\r\nhost: gpulb\r\nx-big: {}\r\n\r\n",
+        "a".repeat(8192)
+    );
+    let _ = raw.0.write_all(big.as_bytes()).await;
+    let answer = raw.answer().await;
+    assert_ne!(answer.status, 200, "{}", answer.text);
+    let page = proxy.metrics().await;
+    assert!(
+        metric(
+            &page,
+            "gpulb_client_connections_closed_total{reason=\"header_too_large\"}"
+        ) >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_max_connections_are_refused_and_counted() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers)
+        .set("limits", "{max_connections: 5}")
+        .set("timeouts", "{client_header: 60s, client_idle: 60s}");
+    let proxy = Proxy::start(config).await;
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let mut raw = Raw::connect(&proxy.url).await;
+        raw.send(GET_ECHO).await;
+        assert_eq!(raw.answer().await.status, 200);
+        held.push(raw);
+    }
+    // A flood beyond the cap: each is closed at once, nothing is served.
+    for _ in 0..20 {
+        let mut raw = Raw::connect(&proxy.url).await;
+        let _ = raw.0.write_all(GET_ECHO.as_bytes()).await;
+        let answer = raw.answer().await;
+        assert_eq!(answer.status, 0, "served over the cap: {}", answer.text);
+    }
+    let page = proxy.metrics().await;
+    assert!(metric(&page, "gpulb_client_connections_refused_total") >= 20.0);
+    assert_eq!(metric(&page, "gpulb_client_connections"), 5.0);
+    drop(held);
+    common::eventually(WAIT, "a connection slot to free", || async {
+        let resp = reqwest::get(format!("{}/echo", proxy.url)).await.ok()?;
+        (resp.status() == 200).then_some(())
+    })
+    .await;
 }

@@ -35,6 +35,18 @@ pub(crate) fn write_timeout() -> Duration {
 pub(crate) fn client_body_timeout() -> Duration {
     Duration::from_secs(60)
 }
+/// nginx's `client_header_timeout` is 60s; HAProxy's usual `timeout http-request` is 10s.
+pub(crate) fn client_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+/// nginx's `keepalive_timeout`.
+pub(crate) fn client_idle_timeout() -> Duration {
+    Duration::from_secs(75)
+}
+/// Largest request header: 64 KiB (nginx allows 4 x 8 KiB lines by default).
+pub(crate) fn max_header_bytes() -> usize {
+    64 * 1024
+}
 pub(crate) fn upstream_idle_timeout() -> Duration {
     Duration::from_secs(60)
 }

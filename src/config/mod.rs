@@ -20,7 +20,7 @@ pub use diff::describe_changes;
 pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use process::{
-    AccessLogConfig, AccessLogFormat, AdminConfig, MetricsConfig, ReloadConfig, Timeouts,
+    AccessLogConfig, AccessLogFormat, AdminConfig, Limits, MetricsConfig, ReloadConfig, Timeouts,
 };
 pub use request::{
     glob_matches, CountRange, ModelPatterns, ModelsConfig, OverLimit, RequestBodyConfig,
@@ -50,6 +50,9 @@ pub struct Config {
     /// Upstream timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Limits on client connections.
+    #[serde(default)]
+    pub limits: Limits,
     /// How often a request whose connect failed is tried again on another backend.
     #[serde(default = "defaults::connect_retries")]
     pub connect_retries: usize,

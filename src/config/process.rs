@@ -106,6 +106,13 @@ pub struct Timeouts {
     /// (`request_body.paths`); past it the client gets 408.
     #[serde(default = "defaults::client_body_timeout", with = "duration")]
     pub client_body: Duration,
+    /// Longest a client may take to send a whole request header, from its first byte (or the
+    /// connection's start); a slowloris client is closed past it.
+    #[serde(default = "defaults::client_header_timeout", with = "duration")]
+    pub client_header: Duration,
+    /// Longest a keep-alive client connection may sit idle between two requests.
+    #[serde(default = "defaults::client_idle_timeout", with = "duration")]
+    pub client_idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -116,6 +123,8 @@ impl Default for Timeouts {
             write: defaults::write_timeout(),
             upstream_keepalive: defaults::upstream_idle_timeout(),
             client_body: defaults::client_body_timeout(),
+            client_header: defaults::client_header_timeout(),
+            client_idle: defaults::client_idle_timeout(),
         }
     }
 }
@@ -129,4 +138,26 @@ pub enum AccessLogFormat {
     Json,
     /// `tracing`'s human-readable `key=value` text.
     Text,
+}
+
+/// Limits on client connections.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Most client connections open at once; beyond it new ones are closed at once (logged and
+    /// counted). Absent: derived from the open-file limit at start.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Largest request header (request line included), bytes; a client sending more is closed.
+    #[serde(default = "defaults::max_header_bytes")]
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: None,
+            max_header_bytes: defaults::max_header_bytes(),
+        }
+    }
 }

@@ -7,10 +7,12 @@
 //! nothing is counted twice and backends removed by a reload vanish from the next scrape.
 
 mod class;
+mod connections;
 
 mod window;
 
 pub use class::ClassMetrics;
+pub use connections::{ClientTimeout, ConnectionMetrics};
 pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
 
 use crate::health::now_ms;
@@ -45,6 +47,7 @@ pub struct Metrics {
     model_requests: IntCounterVec,
     tokens: IntCounterVec,
     auth_failures: IntCounter,
+    connections: ConnectionMetrics,
     tenants: Arc<TenantLabels>,
     models: Arc<TenantLabels>,
     classes: RwLock<HashMap<String, Arc<ClassMetrics>>>,
@@ -156,8 +159,10 @@ impl Metrics {
             )
             .expect("valid counter"),
         );
+        let connections = ConnectionMetrics::new(&r);
         Metrics {
             registry: r,
+            connections,
             requests,
             duration,
             ttfb,
@@ -211,6 +216,11 @@ impl Metrics {
             finished_total: AtomicU64::new(0),
             shed_total: AtomicU64::new(0),
         }
+    }
+
+    /// The client connection collectors.
+    pub fn connections(&self) -> &ConnectionMetrics {
+        &self.connections
     }
 
     /// An admin request was refused for a missing or wrong token.

@@ -91,6 +91,7 @@ impl ProxyHttp for Gpulb {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
+        crate::connections::mark_active(session);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
         ctx.request_id = Some(ensure_request_id(session, &compiled.request_id_header)?);
@@ -333,6 +334,7 @@ impl ProxyHttp for Gpulb {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         finish::record(session, e, ctx, self.access_log);
+        crate::connections::mark_idle(session);
         // Release now rather than when pingora drops the context; `Drop` covers the paths
         // (shutdown, cancelled futures) where this hook never runs.
         ctx.lease = None;

@@ -106,9 +106,21 @@ impl Config {
             ("write", t.write),
             ("upstream_keepalive", t.upstream_keepalive),
             ("client_body", t.client_body),
+            ("client_header", t.client_header),
+            ("client_idle", t.client_idle),
         ] {
             report.check(!value.is_zero(), format!("timeouts.{name}"), "must be > 0");
         }
+        report.check(
+            self.limits.max_connections != Some(0),
+            "limits.max_connections",
+            "must be >= 1",
+        );
+        report.check(
+            self.limits.max_header_bytes >= 1024,
+            "limits.max_header_bytes",
+            "must be at least 1024",
+        );
         report.check(
             self.connect_retries <= 16,
             "connect_retries",
