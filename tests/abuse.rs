@@ -193,3 +193,48 @@ async fn connections_over_max_connections_are_refused_and_counted() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reload_never_blocks_status_or_metrics_and_is_abandoned() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers).set("reload", "{watch: false, timeout: 5s}");
+    let token = "reload-token";
+    let proxy = Proxy::start_with_token(config.clone(), token).await;
+    // A deeply nested value: the YAML parser takes far longer than reload.timeout over it.
+    let depth = 60_000;
+    let deep = format!("{config}\nx: {}{}\n", "[".repeat(depth), "]".repeat(depth));
+    proxy.rewrite_config(deep);
+    let reload = {
+        let (client, url) = (proxy.client.clone(), format!("{}/reload", proxy.admin));
+        tokio::spawn(async move { client.post(url).bearer_auth(token).send().await })
+    };
+    // Generous bounds, far below what the reload takes: these answer from the current snapshot.
+    let bound = Duration::from_secs(3);
+    for _ in 0..3 {
+        let status = tokio::time::timeout(bound, proxy.status()).await;
+        assert!(status.is_ok(), "/status waited on the reload");
+        let metrics = tokio::time::timeout(bound, proxy.metrics()).await;
+        assert!(metrics.is_ok(), "/metrics waited on the reload");
+        assert_eq!(proxy.send(&Req::get("/echo")).await.status, 200);
+    }
+    assert!(!reload.is_finished(), "the reload was not slow after all");
+    let answer = tokio::time::timeout(WAIT, reload)
+        .await
+        .expect("the reload ends at reload.timeout")
+        .unwrap()
+        .expect("reload answer");
+    assert_eq!(answer.status(), 503);
+    let outcome: Value = answer.json().await.unwrap();
+    assert_eq!(outcome["result"], "abandoned", "{outcome}");
+    let status = proxy.status().await;
+    assert_eq!(status["reload"]["abandoned_total"], 1, "{status}");
+    assert!(status["reload"]["last_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("reload.timeout")));
+    assert_eq!(status["generation"], 1);
+    let page = proxy.metrics().await;
+    assert_eq!(
+        metric(&page, "gpulb_config_reloads_total{result=\"abandoned\"}"),
+        1.0
+    );
+}

@@ -54,7 +54,7 @@ live_collectors! {
     prefix_entries: IntGaugeVec = "gpulb_prefix_index_entries", "Prompt prefix blocks the prefix_affinity index remembers now (each about 60 bytes).", [];
     telemetry_age: GaugeVec = "gpulb_telemetry_age_seconds", "Age of the backend's last telemetry reading.", ["backend"];
     telemetry_errors: IntCounterVec = "gpulb_telemetry_errors_total", "Telemetry scrapes of the backend that failed.", ["backend"];
-    reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged).", ["result"];
+    reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged, abandoned).", ["result"];
     generation: IntGaugeVec = "gpulb_config_generation", "Generation of the config in force.", [];
     config_info: IntGaugeVec = "gpulb_config_info", "Always 1; the hash label fingerprints the config file in force.", ["hash"];
     process_cpu: CounterVec = "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", [];
@@ -151,6 +151,7 @@ impl Live {
                 ("applied", r.applied_total),
                 ("rejected", r.rejected_total),
                 ("unchanged", r.unchanged_total),
+                ("abandoned", r.abandoned_total),
             ] {
                 self.reloads.with_label_values(&[result]).inc_by(n);
             }

@@ -125,6 +125,34 @@ impl Upstream {
         })
     }
 
+    /// The first address the system resolver gives for it within `limit`; an address literal
+    /// needs no lookup. A lookup that outlives `limit` is left to finish on its own thread.
+    pub fn resolve_within(&self, limit: std::time::Duration) -> Result<SocketAddr, ResolveError> {
+        if let Ok(ip) = self
+            .host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+        {
+            return Ok(SocketAddr::new(ip, self.port));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let upstream = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gpulb-resolve".into())
+            .spawn(move || {
+                let _ = tx.send(upstream.resolve());
+            });
+        let failed = |cause: String| ResolveError::Failed {
+            authority: self.to_string(),
+            cause,
+        };
+        if let Err(e) = spawned {
+            return Err(failed(format!("cannot start a resolver thread: {e}")));
+        }
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| Err(failed(format!("no answer within {limit:?}"))))
+    }
+
     /// The first address the system resolver gives for it (blocking for a name).
     pub fn resolve(&self) -> Result<SocketAddr, ResolveError> {
         let authority = self.to_string();

@@ -56,6 +56,12 @@ pub(crate) fn reload_watch() -> bool {
 pub(crate) fn reload_debounce() -> Duration {
     Duration::from_millis(200)
 }
+pub(crate) fn reload_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+pub(crate) fn resolve_timeout() -> Duration {
+    Duration::from_secs(2)
+}
 pub(crate) fn health_enabled() -> bool {
     true
 }

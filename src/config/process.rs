@@ -60,6 +60,14 @@ pub struct ReloadConfig {
     /// Quiet time after the last file event before reloading, so one save is one reload.
     #[serde(default = "defaults::reload_debounce", with = "duration")]
     pub debounce: Duration,
+    /// Longest one reload may take (reading, parsing, validating, resolving); past it the
+    /// reload is abandoned, reported, and the running config keeps serving.
+    #[serde(default = "defaults::reload_timeout", with = "duration")]
+    pub timeout: Duration,
+    /// Longest the lookup of one backend host name may take when a config is loaded; a name
+    /// with no answer by then starts unresolved (no traffic) and health checks retry it.
+    #[serde(default = "defaults::resolve_timeout", with = "duration")]
+    pub resolve_timeout: Duration,
 }
 
 impl Default for ReloadConfig {
@@ -67,6 +75,8 @@ impl Default for ReloadConfig {
         ReloadConfig {
             watch: defaults::reload_watch(),
             debounce: defaults::reload_debounce(),
+            timeout: defaults::reload_timeout(),
+            resolve_timeout: defaults::resolve_timeout(),
         }
     }
 }

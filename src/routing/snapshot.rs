@@ -154,8 +154,15 @@ impl Registry {
 
     /// Builds a snapshot from a validated config and makes it current; returns its generation.
     pub fn apply(&self, config: Config) -> u64 {
+        let resolved = super::build::resolve_backends(&config);
+        self.apply_resolved(config, resolved)
+    }
+
+    /// [`Registry::apply`] with the backends' names already resolved (no I/O).
+    pub fn apply_resolved(&self, config: Config, resolved: super::build::Resolved) -> u64 {
         let previous = self.load();
-        let next = Snapshot::build(config, previous.generation + 1, Some(&previous));
+        let next =
+            Snapshot::build_resolved(config, resolved, previous.generation + 1, Some(&previous));
         let generation = next.generation;
         self.current.store(Arc::new(next));
         self.generations.send_replace(generation);

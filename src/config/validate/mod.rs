@@ -112,6 +112,16 @@ impl Config {
             report.check(!value.is_zero(), format!("timeouts.{name}"), "must be > 0");
         }
         report.check(
+            !self.reload.timeout.is_zero(),
+            "reload.timeout",
+            "must be > 0",
+        );
+        report.check(
+            !self.reload.resolve_timeout.is_zero(),
+            "reload.resolve_timeout",
+            "must be > 0",
+        );
+        report.check(
             self.limits.max_connections != Some(0),
             "limits.max_connections",
             "must be >= 1",
