@@ -238,3 +238,117 @@ async fn a_slow_reload_never_blocks_status_or_metrics_and_is_abandoned() {
         1.0
     );
 }
+
+/// The JSON body of a raw answer.
+fn json_body(answer: &common::RawAnswer) -> Value {
+    let body = answer.text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {}", answer.text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_header_cannot_strip_what_gpulb_adds() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(
+        "GET /echo HTTP/1.1\r\nhost: gpulb\r\nx-request-id: abc123\r\n\
+         connection: x-request-id\r\n\r\n",
+    )
+    .await;
+    let answer = raw.answer().await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let echoed = json_body(&answer);
+    let headers = &echoed["headers"];
+    assert_eq!(headers["x-request-id"], "abc123", "{echoed}");
+    assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{echoed}");
+    assert_eq!(headers["x-forwarded-proto"], "http", "{echoed}");
+    assert!(headers.get("connection").is_none(), "{echoed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_400() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let bad_chunk = "transfer-encoding: chunked\r\n\r\nzz\r\nnot a chunk\r\n0\r\n\r\n";
+    let cases = [
+        // A body gpulb reads before routing, and one that streams to the backend.
+        format!("POST /v1/completions HTTP/1.1\r\nhost: gpulb\r\ncontent-type: application/json\r\n{bad_chunk}"),
+        format!("POST /echo HTTP/1.1\r\nhost: gpulb\r\n{bad_chunk}"),
+        "GET /echo HTTP/1.1\r\n\r\n".to_string(),
+    ];
+    for request in cases {
+        let mut raw = Raw::connect(&proxy.url).await;
+        raw.send(&request).await;
+        let answer = raw.answer().await;
+        assert_eq!(answer.status, 400, "{request:?} got {}", answer.text);
+        assert_eq!(json_body(&answer)["error"]["code"], "bad_request");
+    }
+    proxy.wait_idle().await;
+}
+
+/// A backend that answers every connection with bytes that are not HTTP.
+async fn garbage_backend() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+                let _ = socket
+                    .write_all(b"SECRET-BACKEND-BYTES \x01\x02\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_name_the_backend_never_its_address_or_bytes() {
+    let workers = start_workers(1, |_| {}).await;
+    workers[0].set_fault(gpulb::tools::sim::Fault::Hang);
+    let junk = garbage_backend().await;
+    let config = Config::new()
+        .backend(common::Backend::of(&workers[0]).unchecked())
+        .backend(common::Backend::at("junk", &junk).unchecked())
+        .set(
+            "pools",
+            "[{name: hung, backends: [w0]}, {name: junk, backends: [junk]}]",
+        )
+        .set(
+            "classes",
+            "[{name: hung, pool: hung, match: {path_prefix: /v1}}, {name: junk, pool: junk}]",
+        )
+        .default_class("junk")
+        .set("timeouts", "{read: 300ms}");
+    let proxy = Proxy::start(config).await;
+    for (req, status, name) in [
+        (Req::completion(2), 504, "w0"),
+        (Req::get("/other"), 502, "junk"),
+    ] {
+        let answer = proxy.send(&req).await;
+        assert_eq!(answer.status, status, "{}", answer.body);
+        assert!(answer.body.contains(name), "{}", answer.body);
+        for leak in ["127.0.0.1", "SECRET", "Peer"] {
+            assert!(!answer.body.contains(leak), "{leak} in {}", answer.body);
+        }
+    }
+}
+
+#[test]
+fn polling_intervals_have_a_floor_named_in_the_error() {
+    let yaml = "backends:\n  - {name: a, url: 'http://127.0.0.1:9', telemetry: [{kind: model_server, server: vllm, interval: 5ms}]}\nhealth_check: {interval: 1ms}\nmodels: {interval: 10ms}\n";
+    let (ok, _, stderr) = common::gpulb_check(yaml);
+    assert!(!ok);
+    for key in [
+        "health_check.interval",
+        "backends[0].telemetry[0].interval",
+        "models.interval",
+    ] {
+        assert!(
+            stderr.contains(&format!("{key}: must be at least 100ms")),
+            "{key}: {stderr}"
+        );
+    }
+}

@@ -122,6 +122,10 @@ pub(crate) fn max_outstanding() -> u32 {
     256
 }
 
+/// The shortest interval a health check, telemetry source or model poll may run at: polling
+/// faster only loads the backends (and a typo such as `1ms` would flood them).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Time between two reads of a telemetry source.
 pub(crate) fn telemetry_interval() -> Duration {
     Duration::from_secs(1)

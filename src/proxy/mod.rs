@@ -10,6 +10,7 @@ mod blame;
 mod body;
 mod ctx;
 mod finish;
+mod hygiene;
 mod intake;
 mod respond;
 
@@ -108,6 +109,12 @@ impl ProxyHttp for Gpulb {
                 ctx.failure = Some(error);
                 return Ok(true);
             }
+        }
+        if let Some(error) = hygiene::malformed(session.req_header()) {
+            session.set_keepalive(None);
+            respond_error(session, ctx, &error).await?;
+            ctx.failure = Some(error);
+            return Ok(true);
         }
         if let Some(models) = models_asked(session, &snapshot) {
             respond_models(session, ctx, &models).await?;
@@ -220,6 +227,10 @@ impl ProxyHttp for Gpulb {
         for name in headers::hop_by_hop(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }
+        // A client's `Connection` header may list gpulb's own request id: put it back.
+        if let Some(id) = &ctx.request_id {
+            upstream_request.insert_header(ctx.id_header(), id.as_str())?;
+        }
         if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
             let chain = headers::forwarded_for(
                 upstream_request.headers.get("x-forwarded-for"),
@@ -284,6 +295,14 @@ impl ProxyHttp for Gpulb {
         {
             snap.report(lease.backend, Err(AttemptFailure::Broken(cause.clone())));
         }
+        // The client learns which backend failed by its configured name, never its address
+        // or the bytes it sent; the detail stays in the debug log below.
+        let backend_name = ctx
+            .backend
+            .zip(ctx.snapshot.as_deref())
+            .and_then(|(i, s)| s.backends.get(i))
+            .map_or("(none)", |b| b.state.name.as_str());
+        let failure = failure.map(|f| f.naming_backend(backend_name));
         let code = match &failure {
             Some(error) if session.response_written().is_none() => {
                 // The connection closes after this answer: say so, or a client reusing it
