@@ -72,6 +72,9 @@ pub enum ProxyError {
         /// The models served now, sorted.
         served: Vec<String>,
     },
+    /// Tenants come from API keys, and the request has no known key (`tenants.reject_unknown`).
+    #[error("missing or unknown API key; send Authorization: Bearer <key>")]
+    Unauthorized,
     /// The process is shutting down and takes no new requests.
     #[error("this gpulb is shutting down; retry on another")]
     ShuttingDown,
@@ -94,6 +97,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => 413,
             ProxyError::ShuttingDown => 503,
             ProxyError::ClientGone => 499,
+            ProxyError::Unauthorized => 401,
             ProxyError::Internal(_) => 500,
         }
     }
@@ -113,6 +117,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::ClientGone => "client_gone",
+            ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::Internal(_) => "internal_error",
         }
     }
@@ -130,7 +135,7 @@ impl ProxyError {
     /// Error type for the OpenAI-shaped error body.
     fn kind(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 408 | 413 => "invalid_request_error",
+            400 | 401 | 404 | 408 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "overloaded_error",
             500 => "server_error",

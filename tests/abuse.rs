@@ -352,3 +352,54 @@ fn polling_intervals_have_a_floor_named_in_the_error() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_choose_the_tenant_and_never_reach_logs_or_labels() {
+    let workers = start_workers(1, |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    std::fs::write(&keys, "sk-team-a-secret: team-a\n").unwrap();
+    let config = Config::fleet(&workers).set(
+        "tenants",
+        format!(
+            "{{from: api_key, keys_file: {:?}, reject_unknown: true}}",
+            keys
+        ),
+    );
+    let proxy = Proxy::start(config).await;
+    let anonymous = proxy.send(&Req::completion(2)).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    assert_eq!(anonymous.json()["error"]["code"], "invalid_api_key");
+    let stranger = Req::completion(2).header("authorization", "Bearer sk-rotated-1");
+    assert_eq!(proxy.send(&stranger).await.status, 401);
+    // The key decides: a client-chosen tenant header does not.
+    let known = Req::completion(2)
+        .header("authorization", "Bearer sk-team-a-secret")
+        .tenant("someone-else");
+    assert_eq!(proxy.send(&known).await.status, 200);
+    let log = common::eventually(WAIT, "the access log line", || async {
+        let log = proxy.stdout();
+        log.contains("\"team-a\"").then_some(log)
+    })
+    .await;
+    let page = proxy.metrics().await;
+    for secret in ["sk-team-a-secret", "sk-rotated-1"] {
+        assert!(!log.contains(secret), "{secret} in the access log");
+        assert!(!page.contains(secret), "{secret} in the metrics");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_tenant_header_is_hashed_in_logs_and_labels() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers).set("tenant_header", "authorization")).await;
+    let req = Req::completion(2).header("authorization", "Bearer sk-bearer-secret");
+    assert_eq!(proxy.send(&req).await.status, 200);
+    let log = common::eventually(WAIT, "the access log line", || async {
+        let log = proxy.stdout();
+        log.contains("\"key-").then_some(log)
+    })
+    .await;
+    assert!(!log.contains("sk-bearer-secret"), "{log}");
+    assert!(!proxy.metrics().await.contains("sk-bearer-secret"));
+}

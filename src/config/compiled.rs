@@ -1,7 +1,7 @@
 //! What validation compiles a config into: typed values (methods, header names, backend
 //! addresses) that the runtime uses as they are and never parses again.
 
-use super::{CountRange, ModelPatterns};
+use super::{ApiKeys, CountRange, ModelPatterns};
 use http::{HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -11,6 +11,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 pub struct Compiled {
     /// `tenant_header`.
     pub tenant_header: HeaderName,
+    /// `tenants.keys_file`, read, when tenants come from API keys.
+    pub api_keys: Option<ApiKeys>,
     /// `request_id_header`.
     pub request_id_header: HeaderName,
     /// Each backend's `url`.
@@ -23,6 +25,7 @@ impl Default for Compiled {
     fn default() -> Self {
         Compiled {
             tenant_header: HeaderName::from_static("x-tenant"),
+            api_keys: None,
             request_id_header: HeaderName::from_static("x-request-id"),
             upstreams: Vec::new(),
             class_rules: Vec::new(),

@@ -12,6 +12,7 @@ mod health;
 mod process;
 mod request;
 mod telemetry;
+mod tenants;
 mod validate;
 
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
@@ -26,6 +27,7 @@ pub use request::{
     glob_matches, CountRange, ModelPatterns, ModelsConfig, OverLimit, RequestBodyConfig,
 };
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
+pub use tenants::{ApiKeys, TenantSource, TenantsConfig};
 pub use validate::{ConfigError, ConfigErrors, TokenError};
 
 use serde::{Deserialize, Serialize};
@@ -94,6 +96,9 @@ pub struct Config {
     /// Header naming the request's tenant, for fairness and per-tenant caps.
     #[serde(default = "defaults::tenant_header")]
     pub tenant_header: String,
+    /// Where a request's tenant comes from (its header, or its API key).
+    #[serde(default)]
+    pub tenants: TenantsConfig,
     /// One structured line per request on stdout.
     #[serde(default)]
     pub access_log: AccessLogConfig,

@@ -13,6 +13,7 @@ mod finish;
 mod hygiene;
 mod intake;
 mod respond;
+mod tenant;
 
 pub use ctx::RequestCtx;
 
@@ -26,7 +27,7 @@ use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{ensure_request_id, respond_error, respond_models, tenant_of};
+use respond::{ensure_request_id, respond_error, respond_models};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -96,8 +97,15 @@ impl ProxyHttp for Gpulb {
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
         ctx.request_id = Some(ensure_request_id(session, &compiled.request_id_header)?);
-        ctx.tenant = tenant_of(session, &compiled.tenant_header);
         ctx.snapshot = Some(Arc::clone(&snapshot));
+        match tenant::identify(session.req_header(), compiled, &snapshot.config.tenants) {
+            Ok(tenant) => ctx.tenant = tenant,
+            Err(error) => {
+                respond_error(session, ctx, &error).await?;
+                ctx.failure = Some(error);
+                return Ok(true);
+            }
+        }
         match self.lifecycle.phase() {
             Phase::Serving => {}
             // Told to stop: serve, but let the client reconnect elsewhere for the next one.

@@ -73,16 +73,3 @@ pub fn ensure_request_id(session: &mut Session, id_header: &HeaderName) -> Resul
         }
     }
 }
-
-/// The request's tenant: the tenant header's value (up to 64 bytes), else `default`.
-pub fn tenant_of(session: &Session, tenant_header: &HeaderName) -> String {
-    session
-        .req_header()
-        .headers
-        .get(tenant_header)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 64)
-        .unwrap_or("default")
-        .to_string()
-}
