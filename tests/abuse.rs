@@ -403,3 +403,41 @@ async fn an_authorization_tenant_header_is_hashed_in_logs_and_labels() {
     assert!(!log.contains("sk-bearer-secret"), "{log}");
     assert!(!proxy.metrics().await.contains("sk-bearer-secret"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_requests_with_streamed_bodies_lose_their_place_when_the_client_leaves() {
+    let workers = start_workers(1, |_| {}).await;
+    // One slot, a queue that would keep them past the test's wait, and bodies over 1 KiB
+    // streamed unread.
+    let config = Config::fleet(&workers)
+        .each_backend(|b| b.max_outstanding(1))
+        .set("request_body", "{max_bytes: 1024}")
+        .set(
+            "classes",
+            "[{name: default, pool: default, queue: {max_wait: 60s}}]",
+        );
+    let proxy = Proxy::start(config).await;
+    let busy = proxy.spawn(Req::sleep(3000));
+    proxy.wait_outstanding("w0", 1).await;
+    let large = partial_upload(100_000, 70_000);
+    let chunked = format!(
+        "POST /echo HTTP/1.1\r\nhost: gpulb\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{}\r\n",
+        70_000,
+        "y".repeat(70_000)
+    );
+    for (i, request) in [large, chunked].into_iter().enumerate() {
+        let mut raw = Raw::connect(&proxy.url).await;
+        raw.send(&request).await;
+        proxy.wait_queued("default", 1).await;
+        drop(raw);
+        proxy.wait_queued("default", 0).await;
+        assert_eq!(proxy.outstanding("w0").await, 1, "case {i}: took a slot");
+    }
+    assert_eq!(busy.await.unwrap().status, 200);
+    proxy.wait_idle().await;
+    assert_eq!(
+        workers[0].stats().received_total,
+        1,
+        "an abandoned request reached the backend"
+    );
+}
