@@ -4,6 +4,7 @@
 use super::fleet::{self, Bench};
 use super::ready::wait_ready;
 use super::replay::{self, Endpoint};
+use crate::abuse::{Abuse, AbuseReport, AbuseSpec};
 use crate::procs::{self, ChildGuard, SelfCpu};
 use crate::report::{self, TargetRun};
 use crate::targets::{self, GpulbKnobs, Target};
@@ -83,13 +84,47 @@ fn knobs(a: &Args) -> GpulbKnobs {
     }
 }
 
-/// Runs `target` through the trace; returns what was measured and the path of its config.
+/// What a turn measured beside the trace: the proxy's memory and, for gpulb, ejections.
+#[derive(Clone, Debug, Default)]
+pub struct Beside {
+    /// The proxy's resident memory at the end of the trace (every process of it), KiB.
+    pub rss_kb: u64,
+    /// Backend ejections gpulb counted during the turn (`None` for peers: not observable).
+    pub ejections: Option<u64>,
+    /// What the abuse found, when there was abuse.
+    pub abuse: Option<AbuseReport>,
+}
+
+/// Sum of `ejections_total` over the backends in gpulb's `/status` at `admin`.
+async fn ejections(admin: &str) -> Option<u64> {
+    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let backends = status["backends"].as_array()?;
+    Some(
+        backends
+            .iter()
+            .filter_map(|b| b["ejections_total"].as_u64())
+            .sum(),
+    )
+}
+
+/// Runs `target` through the trace, beside `abuse` when given; returns what was measured and
+/// the path of its config.
 pub fn run_target(
     bench: &Bench,
     plan: &Plan,
     target: Target,
-) -> Result<(TargetRun, PathBuf), String> {
-    let name = target.name();
+    abuse: Option<AbuseSpec>,
+) -> Result<(TargetRun, PathBuf, Beside), String> {
+    let name = match abuse {
+        Some(_) => format!("{}+abuse", target.name()),
+        None => target.name().to_string(),
+    };
+    let name = name.as_str();
     let listen_port = free_port().map_err(|e| e.to_string())?;
     let admin_port = free_port().map_err(|e| e.to_string())?;
     let setup = plan.setup(listen_port, admin_port);
@@ -119,17 +154,33 @@ pub fn run_target(
     if !bench.block_on(fleet::wait_idle(&bench.fleet)) {
         eprintln!("[bench] warning: the fleet was still busy after 60 s before {name}");
     }
+    let admin = to.admin.clone();
+    let abuse = abuse.map(|spec| {
+        let addr = ([127, 0, 0, 1], listen_port).into();
+        eprintln!("[bench] {name}: {spec:?}, settling 3 s");
+        bench.block_on(async {
+            let abuse = Abuse::start(addr, spec);
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            abuse
+        })
+    });
     let run = measure(bench, plan, name, &mut child, to);
+    let beside = Beside {
+        rss_kb: procs::group_rss_kb(child.pid()),
+        ejections: admin.and_then(|admin| bench.block_on(ejections(&admin))),
+        abuse: abuse.map(|abuse| bench.block_on(abuse.finish())),
+    };
+    child.stop();
     let _ = std::fs::write(
         plan.dir.join(format!("{name}-requests.csv")),
         report::csv(&run),
     );
     log_summary(&run);
-    Ok((run, config_path))
+    Ok((run, config_path, beside))
 }
 
 /// Replays the trace against the running `child`, with the CPU it and the harness spent
-/// meanwhile, then stops it.
+/// meanwhile.
 fn measure(
     bench: &Bench,
     plan: &Plan,
@@ -155,7 +206,6 @@ fn measure(
     if let Some(how) = child.exited() {
         eprintln!("[bench] warning: {name} exited during the run ({how})");
     }
-    child.stop();
     let mut run = r.into_run(name, self_cpu, proxy_cpu);
     run.prefix_cache = cache_after
         .iter()
