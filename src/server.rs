@@ -10,12 +10,22 @@ use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
 use crate::tasks::{Dispatcher, HealthChecks, ModelDiscovery, PerBackend, TelemetryPolling};
+use pingora::listeners::ListenerConfig;
+use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch, UnixShutdownSignalWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+
+/// Each client connection's socket buffers in gpulb: pingora's default read buffer is 64 KiB,
+/// held for the connection's whole life, idle or not; a request header fits in far less, and
+/// bodies are read into buffers of their own. (nginx's `client_header_buffer_size` is 1 KiB.)
+const CLIENT_BUFFERS: L4BufferSettings = L4BufferSettings {
+    read: Some(4096),
+    write: None,
+};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +143,7 @@ pub fn build_server(
     // Client connections are capped and given deadlines below HTTP (connections/).
     let guarded = GuardedApp::new(proxy_app, Arc::clone(&registry), Arc::clone(&metrics));
     let mut proxy = Service::new("gpulb proxy".to_string(), guarded);
-    proxy.add_tcp(&listen.to_string());
+    proxy.add_listener(ListenerConfig::tcp(listen.to_string()).l4_buffer(CLIENT_BUFFERS));
     proxy.threads = Some(threads);
     server.add_service(proxy);
 
