@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{ensure_request_id, respond_error, respond_models};
+use respond::{ensure_request_id, refuse, respond_error, respond_models};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -100,11 +100,7 @@ impl ProxyHttp for Gpulb {
         ctx.snapshot = Some(Arc::clone(&snapshot));
         match tenant::identify(session.req_header(), compiled, &snapshot.config.tenants) {
             Ok(tenant) => ctx.tenant = tenant,
-            Err(error) => {
-                respond_error(session, ctx, &error).await?;
-                ctx.failure = Some(error);
-                return Ok(true);
-            }
+            Err(error) => return refuse(session, ctx, error).await,
         }
         match self.lifecycle.phase() {
             Phase::Serving => {}
@@ -112,17 +108,12 @@ impl ProxyHttp for Gpulb {
             Phase::Draining => session.set_keepalive(None),
             Phase::Closing => {
                 session.set_keepalive(None);
-                let error = ProxyError::ShuttingDown;
-                respond_error(session, ctx, &error).await?;
-                ctx.failure = Some(error);
-                return Ok(true);
+                return refuse(session, ctx, ProxyError::ShuttingDown).await;
             }
         }
         if let Some(error) = hygiene::malformed(session.req_header()) {
             session.set_keepalive(None);
-            respond_error(session, ctx, &error).await?;
-            ctx.failure = Some(error);
-            return Ok(true);
+            return refuse(session, ctx, error).await;
         }
         if let Some(models) = models_asked(session, &snapshot) {
             respond_models(session, ctx, &models).await?;
@@ -139,9 +130,7 @@ impl ProxyHttp for Gpulb {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
             // Part of the body may be unread: this connection cannot carry another request.
             session.set_keepalive(None);
-            respond_error(session, ctx, &error).await?;
-            ctx.failure = Some(error);
-            return Ok(true);
+            return refuse(session, ctx, error).await;
         }
         // Admit and pick in one step: the lease granted here is the one `upstream_peer` uses.
         let refusal = admit::admit(session, ctx, &snapshot).await?;
@@ -153,9 +142,7 @@ impl ProxyHttp for Gpulb {
             Some(error) => {
                 tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
                 class_metrics.shed(&ctx.tenant, error.code());
-                respond_error(session, ctx, &error).await?;
-                ctx.failure = Some(error);
-                Ok(true)
+                refuse(session, ctx, error).await
             }
         }
     }

@@ -30,6 +30,18 @@ pub async fn respond_error(
     session.write_response_body(Some(body), true).await
 }
 
+/// Answers `error` as the end of the request (recorded as its failure); `Ok(true)` tells
+/// pingora the response is written.
+pub async fn refuse(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    error: ProxyError,
+) -> Result<bool> {
+    respond_error(session, ctx, &error).await?;
+    ctx.failure = Some(error);
+    Ok(true)
+}
+
 /// Answers `GET /v1/models` with `models`, in OpenAI's list shape.
 pub async fn respond_models(
     session: &mut Session,

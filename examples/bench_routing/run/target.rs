@@ -84,6 +84,9 @@ fn knobs(a: &Args) -> GpulbKnobs {
     }
 }
 
+/// With `--abuse`, how long every turn waits after readiness before the trace starts.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// What a turn measured beside the trace: the proxy's memory and, for gpulb, ejections.
 #[derive(Clone, Debug, Default)]
 pub struct Beside {
@@ -155,14 +158,17 @@ pub fn run_target(
         eprintln!("[bench] warning: the fleet was still busy after 60 s before {name}");
     }
     let admin = to.admin.clone();
-    let abuse = abuse.map(|spec| {
-        let addr = ([127, 0, 0, 1], listen_port).into();
-        eprintln!("[bench] {name}: {spec:?}, settling 3 s");
-        bench.block_on(async {
-            let abuse = Abuse::start(addr, spec);
-            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-            abuse
-        })
+    // With --abuse, clean and abused turns alike wait SETTLE after readiness (the abuse
+    // connects meanwhile), so both start with the same warm-up.
+    let abuse = bench.block_on(async {
+        let abuse = abuse.map(|spec| {
+            eprintln!("[bench] {name}: {spec:?}");
+            Abuse::start(([127, 0, 0, 1], listen_port).into(), spec)
+        });
+        if plan.a.abuse {
+            tokio::time::sleep(SETTLE).await;
+        }
+        abuse
     });
     let run = measure(bench, plan, name, &mut child, to);
     let beside = Beside {
