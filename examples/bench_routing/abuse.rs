@@ -62,7 +62,9 @@ pub struct AbuseReport {
     pub stalled_answers: BTreeMap<String, u64>,
 }
 
-const GET_HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nhost: bench\r\n\r\n";
+/// The idle connections' one request: gpulb answers it itself (no backend time is measured,
+/// which would teach speed-aware placement before the trace); peers forward it.
+const GET_MODELS: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: bench\r\n\r\n";
 
 /// Waits until `stop` turns true.
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -143,7 +145,7 @@ async fn idle(to: SocketAddr, c: Arc<Counters>, mut stop: watch::Receiver<bool>)
         c.idle_refused.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    if socket.write_all(GET_HEALTH).await.is_err() || status_of(&mut socket).await != "200" {
+    if socket.write_all(GET_MODELS).await.is_err() || status_of(&mut socket).await != "200" {
         c.idle_refused.fetch_add(1, Ordering::Relaxed);
         return;
     }

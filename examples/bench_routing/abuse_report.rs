@@ -29,7 +29,7 @@ pub fn document(head: &str, spec: AbuseSpec, pairs: &[Pair]) -> String {
     let _ = writeln!(md, "{head}");
     let _ = writeln!(
         md,
-        "Abuse beside the trace: {} slowloris connections (a header line every {} ms, reconnecting when cut), {} idle keep-alive connections (one GET /health each), {} stalled uploads (100 kB announced, 1 kB sent; sent again when answered).\n",
+        "Abuse beside the trace: {} slowloris connections (a header line every {} ms, reconnecting when cut), {} idle keep-alive connections (one GET /v1/models each), {} stalled uploads (100 kB announced, 1 kB sent; sent again when answered).\n",
         spec.slowloris,
         spec.drip.as_millis(),
         spec.idle,
