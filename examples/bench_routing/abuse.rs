@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -38,8 +39,10 @@ struct Counters {
     stalled_answers: Mutex<BTreeMap<String, u64>>,
 }
 
-/// The abuse against one target, running.
+/// The abuse against one target, running on a runtime (and thread) of its own, so its
+/// thousands of sockets do not slow the harness client that times the trace.
 pub struct Abuse {
+    runtime: Runtime,
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
     tasks: Vec<JoinHandle<()>>,
@@ -179,9 +182,15 @@ async fn stalled(to: SocketAddr, c: Arc<Counters>, mut stop: watch::Receiver<boo
 }
 
 impl Abuse {
-    /// Starts the abuse against the proxy at `to` on the current runtime; the connections
-    /// open over about a second.
-    pub fn start(to: SocketAddr, spec: AbuseSpec) -> Abuse {
+    /// Starts the abuse against the proxy at `to` on its own one-thread runtime; the
+    /// connections open over about a second. Call it outside any runtime.
+    pub fn start(to: SocketAddr, spec: AbuseSpec) -> Result<Abuse, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-abuse")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the abuse runtime: {e}"))?;
         let (stop, watch) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let mut tasks = Vec::new();
@@ -190,7 +199,7 @@ impl Abuse {
             let (c, w) = (Arc::clone(&counters), watch.clone());
             // Spread the connects over a second so the accept queue is not the test.
             let delay = Duration::from_micros(1_000_000 * i as u64 / total.max(1) as u64);
-            tasks.push(tokio::spawn(async move {
+            tasks.push(runtime.spawn(async move {
                 tokio::time::sleep(delay).await;
                 if i < spec.slowloris {
                     slowloris(to, spec.drip, c, w).await
@@ -201,15 +210,17 @@ impl Abuse {
                 }
             }));
         }
-        Abuse {
+        Ok(Abuse {
+            runtime,
             stop,
             counters,
             tasks,
-        }
+        })
     }
 
-    /// The abuse's figures now, then every connection closed (bounded).
-    pub async fn finish(self) -> AbuseReport {
+    /// The abuse's figures now, then every connection closed (bounded). Call it outside any
+    /// runtime.
+    pub fn finish(self) -> AbuseReport {
         let c = &self.counters;
         let report = AbuseReport {
             slowloris_open: c.slowloris_open.load(Ordering::Relaxed),
@@ -225,7 +236,10 @@ impl Abuse {
         };
         let _ = self.stop.send(true);
         let all = futures_util::future::join_all(self.tasks);
-        let _ = tokio::time::timeout(Duration::from_secs(10), all).await;
+        let _ = self
+            .runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), all).await });
+        self.runtime.shutdown_timeout(Duration::from_secs(1));
         report
     }
 }

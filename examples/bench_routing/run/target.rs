@@ -160,21 +160,21 @@ pub fn run_target(
     let admin = to.admin.clone();
     // With --abuse, clean and abused turns alike wait SETTLE after readiness (the abuse
     // connects meanwhile), so both start with the same warm-up.
-    let abuse = bench.block_on(async {
-        let abuse = abuse.map(|spec| {
+    let abuse = match abuse {
+        Some(spec) => {
             eprintln!("[bench] {name}: {spec:?}");
-            Abuse::start(([127, 0, 0, 1], listen_port).into(), spec)
-        });
-        if plan.a.abuse {
-            tokio::time::sleep(SETTLE).await;
+            Some(Abuse::start(([127, 0, 0, 1], listen_port).into(), spec)?)
         }
-        abuse
-    });
+        None => None,
+    };
+    if plan.a.abuse {
+        bench.block_on(tokio::time::sleep(SETTLE));
+    }
     let run = measure(bench, plan, name, &mut child, to);
     let beside = Beside {
         rss_kb: procs::group_rss_kb(child.pid()),
         ejections: admin.and_then(|admin| bench.block_on(ejections(&admin))),
-        abuse: abuse.map(|abuse| bench.block_on(abuse.finish())),
+        abuse: abuse.map(Abuse::finish),
     };
     child.stop();
     let _ = std::fs::write(
