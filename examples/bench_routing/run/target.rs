@@ -168,7 +168,7 @@ pub fn run_target(
         None => None,
     };
     if plan.a.abuse {
-        bench.block_on(tokio::time::sleep(SETTLE));
+        bench.block_on(async { tokio::time::sleep(SETTLE).await });
     }
     let run = measure(bench, plan, name, &mut child, to);
     let beside = Beside {
