@@ -3,6 +3,9 @@
 use crate::admission::ShedReason;
 use pingora::{ErrorSource, ErrorType};
 
+/// pingora's error type for a malformed chunk in a chunked body.
+const INVALID_CHUNK: ErrorType = ErrorType::new("InvalidChunk");
+
 /// Why a request could not be served; each variant maps to one HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyError {
@@ -28,14 +31,15 @@ pub enum ProxyError {
         /// Seconds the client should wait before retrying, from the queue's drain rate.
         retry_after: u64,
     },
-    /// No backend could be connected to, after retries.
-    #[error("could not connect to a backend: {0}")]
+    /// No backend could be connected to, after retries. Carries pingora's detail until
+    /// [`ProxyError::naming_backend`] replaces it with the backend's configured name.
+    #[error("could not connect to backend {0}")]
     UpstreamUnreachable(String),
     /// The backend went silent for longer than the read timeout.
-    #[error("backend timed out: {0}")]
+    #[error("backend {0} timed out")]
     UpstreamTimeout(String),
     /// The backend broke the exchange (reset, malformed response).
-    #[error("backend failed: {0}")]
+    #[error("backend {0} failed")]
     UpstreamFailed(String),
     /// The client went away before an answer (nothing is sent; logged as 499).
     #[error("the client went away")]
@@ -68,6 +72,9 @@ pub enum ProxyError {
         /// The models served now, sorted.
         served: Vec<String>,
     },
+    /// Tenants come from API keys, and the request has no known key (`tenants.reject_unknown`).
+    #[error("missing or unknown API key; send Authorization: Bearer <key>")]
+    Unauthorized,
     /// The process is shutting down and takes no new requests.
     #[error("this gpulb is shutting down; retry on another")]
     ShuttingDown,
@@ -90,6 +97,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => 413,
             ProxyError::ShuttingDown => 503,
             ProxyError::ClientGone => 499,
+            ProxyError::Unauthorized => 401,
             ProxyError::Internal(_) => 500,
         }
     }
@@ -109,6 +117,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::ClientGone => "client_gone",
+            ProxyError::Unauthorized => "invalid_api_key",
             ProxyError::Internal(_) => "internal_error",
         }
     }
@@ -126,7 +135,7 @@ impl ProxyError {
     /// Error type for the OpenAI-shaped error body.
     fn kind(&self) -> &'static str {
         match self.status() {
-            400 | 404 | 408 | 413 => "invalid_request_error",
+            400 | 401 | 404 | 408 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "overloaded_error",
             500 => "server_error",
@@ -169,6 +178,18 @@ impl ProxyError {
         }
     }
 
+    /// The same error naming the backend by `name` (its configured name) instead of pingora's
+    /// detail, which holds its address and may quote its raw bytes: what a client is shown.
+    pub fn naming_backend(self, name: &str) -> ProxyError {
+        let name = format!("{name:?}");
+        match self {
+            ProxyError::UpstreamUnreachable(_) => ProxyError::UpstreamUnreachable(name),
+            ProxyError::UpstreamTimeout(_) => ProxyError::UpstreamTimeout(name),
+            ProxyError::UpstreamFailed(_) => ProxyError::UpstreamFailed(name),
+            other => other,
+        }
+    }
+
     /// Maps an error pingora raised while proxying; `None` when the client side failed
     /// (nobody is left to answer).
     pub fn from_pingora(error: &pingora::Error) -> Option<ProxyError> {
@@ -177,6 +198,12 @@ impl ProxyError {
             (ErrorSource::Downstream, ErrorType::InvalidHTTPHeader)
             | (ErrorSource::Downstream, ErrorType::H1Error)
             | (ErrorSource::Downstream, ErrorType::InvalidH2) => ProxyError::BadRequest(detail),
+            // A body read before routing fails with no source set; only a client sends one.
+            (ErrorSource::Downstream | ErrorSource::Unset | ErrorSource::Internal, kind)
+                if *kind == INVALID_CHUNK =>
+            {
+                ProxyError::BadRequest("malformed chunked request body".into())
+            }
             (ErrorSource::Downstream, _) => return None,
             (_, ErrorType::HTTPStatus(503)) => ProxyError::UpstreamUnreachable(detail),
             (

@@ -29,6 +29,7 @@ pub mod batching;
 pub mod cli;
 mod client_watch;
 pub mod config;
+pub mod connections;
 pub mod discovery;
 pub mod error;
 mod headers;

@@ -4,17 +4,28 @@
 
 use crate::admin::AdminApp;
 use crate::config::Config;
+use crate::connections::GuardedApp;
 use crate::lifecycle::{Drain, Handover, Lifecycle, StopAccepting};
 use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
 use crate::tasks::{Dispatcher, HealthChecks, ModelDiscovery, PerBackend, TelemetryPolling};
+use pingora::listeners::ListenerConfig;
+use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignalWatch, UnixShutdownSignalWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+
+/// Each client connection's socket buffers in gpulb: pingora's default read buffer is 64 KiB,
+/// held for the connection's whole life, idle or not; a request header fits in far less, and
+/// bodies are read into buffers of their own. (nginx's `client_header_buffer_size` is 1 KiB.)
+const CLIENT_BUFFERS: L4BufferSettings = L4BufferSettings {
+    read: Some(4096),
+    write: None,
+};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -137,7 +148,7 @@ pub fn build_server(
         ),
     ));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let proxy_app = pingora::proxy::http_proxy(
         &server.configuration,
         Gpulb::new(
             Arc::clone(&registry),
@@ -145,9 +156,11 @@ pub fn build_server(
             access_log,
             Arc::clone(&lifecycle),
         ),
-        "gpulb proxy",
     );
-    proxy.add_tcp(&listen.to_string());
+    // Client connections are capped and given deadlines below HTTP (connections/).
+    let guarded = GuardedApp::new(proxy_app, Arc::clone(&registry), Arc::clone(&metrics));
+    let mut proxy = Service::new("gpulb proxy".to_string(), guarded);
+    proxy.add_listener(ListenerConfig::tcp(listen.to_string()).l4_buffer(CLIENT_BUFFERS));
     proxy.threads = Some(threads);
     server.add_service(StopAccepting::new(proxy, lifecycle.proxy_listener()));
 

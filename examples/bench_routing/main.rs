@@ -36,6 +36,8 @@
 //! limit). Percentiles (nearest rank) are over ok requests only. completed/s and tokens/s: ok
 //! requests and their tokens divided by the class's span, trace start to its last completion.
 
+mod abuse;
+mod abuse_report;
 mod client;
 mod pooled;
 mod prefix;
@@ -231,6 +233,23 @@ struct Args {
     /// haproxy-prio: maxconn per server (default: --max-running).
     #[arg(long)]
     prio_maxconn: Option<usize>,
+
+    /// Abuse benchmark: every target runs the trace twice, clean and beside hostile clients
+    /// (--slowloris, --idle, --stalled), and the comparison is printed (examples/bench_abuse.sh).
+    #[arg(long)]
+    abuse: bool,
+    /// --abuse: slowloris connections kept up (a header line every --drip-ms, never ended).
+    #[arg(long, default_value_t = 1000)]
+    slowloris: usize,
+    /// --abuse: idle keep-alive connections left open after one request.
+    #[arg(long, default_value_t = 2000)]
+    idle: usize,
+    /// --abuse: uploads kept up that announce 100 kB and stall after 1 kB.
+    #[arg(long, default_value_t = 20)]
+    stalled: usize,
+    /// --abuse: time between two header lines of a slowloris connection, ms.
+    #[arg(long, default_value_t = 5000)]
+    drip_ms: u64,
 
     /// Most requests the harness keeps in flight (protects the machine; hits are reported).
     #[arg(long, default_value_t = 4000)]

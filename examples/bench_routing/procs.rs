@@ -160,6 +160,18 @@ fn group_members(pgid: i32) -> Vec<i32> {
     out
 }
 
+/// Resident memory, KiB, of every live process of group `pgid` together (nginx master + workers).
+pub fn group_rss_kb(pgid: i32) -> u64 {
+    group_members(pgid)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .filter_map(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 /// CPU seconds used so far by every live process of group `pgid` (nginx master + workers).
 pub fn group_cpu(pgid: i32) -> f64 {
     group_members(pgid)

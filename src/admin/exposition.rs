@@ -58,7 +58,7 @@ live_collectors! {
     discovered: IntGaugeVec = "gpulb_discovery_backends", "Backends the pool's DNS discovery has in force (its last good set).", ["pool"];
     discovery_up: IntGaugeVec = "gpulb_discovery_up", "1 when the pool's last DNS lookup succeeded, 0 while the last good set is kept after a failure.", ["pool"];
     discovery_errors: IntCounterVec = "gpulb_discovery_errors_total", "DNS lookups of the pool that failed (or found a set that could not be added).", ["pool"];
-    reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged).", ["result"];
+    reloads: IntCounterVec = "gpulb_config_reloads_total", "Config reloads by result (applied, rejected, unchanged, abandoned).", ["result"];
     generation: IntGaugeVec = "gpulb_config_generation", "Generation of the config in force.", [];
     config_info: IntGaugeVec = "gpulb_config_info", "Always 1; the hash label fingerprints the config file in force.", ["hash"];
     process_cpu: CounterVec = "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", [];
@@ -160,6 +160,7 @@ impl Live {
                 ("applied", r.applied_total),
                 ("rejected", r.rejected_total),
                 ("unchanged", r.unchanged_total),
+                ("abandoned", r.abandoned_total),
             ] {
                 self.reloads.with_label_values(&[result]).inc_by(n);
             }

@@ -103,7 +103,9 @@ impl AdminApp {
         view
     }
 
-    fn reload(&self) -> Response<Vec<u8>> {
+    /// Runs a reload on a blocking thread: the admin's one event-loop thread keeps answering
+    /// `/status` and `/metrics` meanwhile.
+    async fn reload(&self) -> Response<Vec<u8>> {
         let Some(reloader) = &self.reloader else {
             return error(
                 StatusCode::CONFLICT,
@@ -111,9 +113,18 @@ impl AdminApp {
                 "this process was not started from a config file",
             );
         };
-        let outcome = reloader.reload(Trigger::Admin);
+        let reloader = Arc::clone(reloader);
+        let outcome =
+            match tokio::task::spawn_blocking(move || reloader.reload(Trigger::Admin)).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    let message = format!("the reload failed: {e}");
+                    return error(StatusCode::INTERNAL_SERVER_ERROR, "reload_failed", &message);
+                }
+            };
         let status = match outcome {
             Outcome::Rejected { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Outcome::Abandoned { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::OK,
         };
         json(status, &outcome)
@@ -222,7 +233,7 @@ impl ServeHttp for AdminApp {
                 .header("content-length", 0)
                 .body(Vec::new())
                 .unwrap_or_default(),
-            (Method::POST, "/reload") => self.reload(),
+            (Method::POST, "/reload") => self.reload().await,
             _ => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
         }
     }

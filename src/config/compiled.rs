@@ -1,7 +1,7 @@
 //! What validation compiles a config into: typed values (methods, header names, backend
 //! addresses) that the runtime uses as they are and never parses again.
 
-use super::{CountRange, ModelPatterns};
+use super::{ApiKeys, CountRange, ModelPatterns};
 use http::{HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -11,6 +11,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 pub struct Compiled {
     /// `tenant_header`.
     pub tenant_header: HeaderName,
+    /// `tenants.keys_file`, read, when tenants come from API keys.
+    pub api_keys: Option<ApiKeys>,
     /// `request_id_header`.
     pub request_id_header: HeaderName,
     /// Each backend's `url`.
@@ -23,6 +25,7 @@ impl Default for Compiled {
     fn default() -> Self {
         Compiled {
             tenant_header: HeaderName::from_static("x-tenant"),
+            api_keys: None,
             request_id_header: HeaderName::from_static("x-request-id"),
             upstreams: Vec::new(),
             class_rules: Vec::new(),
@@ -123,6 +126,34 @@ impl Upstream {
             host: host.to_string(),
             port,
         })
+    }
+
+    /// The first address the system resolver gives for it within `limit`; an address literal
+    /// needs no lookup. A lookup that outlives `limit` is left to finish on its own thread.
+    pub fn resolve_within(&self, limit: std::time::Duration) -> Result<SocketAddr, ResolveError> {
+        if let Ok(ip) = self
+            .host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+        {
+            return Ok(SocketAddr::new(ip, self.port));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let upstream = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gpulb-resolve".into())
+            .spawn(move || {
+                let _ = tx.send(upstream.resolve());
+            });
+        let failed = |cause: String| ResolveError::Failed {
+            authority: self.to_string(),
+            cause,
+        };
+        if let Err(e) = spawned {
+            return Err(failed(format!("cannot start a resolver thread: {e}")));
+        }
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| Err(failed(format!("no answer within {limit:?}"))))
     }
 
     /// The first address the system resolver gives for it (blocking for a name).

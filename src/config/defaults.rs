@@ -47,6 +47,18 @@ pub(crate) fn write_timeout() -> Duration {
 pub(crate) fn client_body_timeout() -> Duration {
     Duration::from_secs(60)
 }
+/// nginx's `client_header_timeout` is 60s; HAProxy's usual `timeout http-request` is 10s.
+pub(crate) fn client_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+/// nginx's `keepalive_timeout`.
+pub(crate) fn client_idle_timeout() -> Duration {
+    Duration::from_secs(75)
+}
+/// Largest request header: 64 KiB (nginx allows 4 x 8 KiB lines by default).
+pub(crate) fn max_header_bytes() -> usize {
+    64 * 1024
+}
 pub(crate) fn upstream_idle_timeout() -> Duration {
     Duration::from_secs(60)
 }
@@ -55,6 +67,12 @@ pub(crate) fn reload_watch() -> bool {
 }
 pub(crate) fn reload_debounce() -> Duration {
     Duration::from_millis(200)
+}
+pub(crate) fn reload_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+pub(crate) fn resolve_timeout() -> Duration {
+    Duration::from_secs(2)
 }
 pub(crate) fn health_enabled() -> bool {
     true
@@ -124,6 +142,10 @@ pub(crate) fn weight() -> u32 {
 pub(crate) fn max_outstanding() -> u32 {
     256
 }
+
+/// The shortest interval a health check, telemetry source or model poll may run at: polling
+/// faster only loads the backends (and a typo such as `1ms` would flood them).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Time between two reads of a telemetry source.
 pub(crate) fn telemetry_interval() -> Duration {

@@ -14,6 +14,7 @@ mod health;
 mod process;
 mod request;
 mod telemetry;
+mod tenants;
 mod validate;
 
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
@@ -24,12 +25,13 @@ pub use discover::{BackendTemplate, DiscoverConfig, Found};
 pub use guards::{Guards, TelemetrySettings};
 pub use health::{HealthCheck, HealthCheckOverride, OutlierDetection};
 pub use process::{
-    AccessLogConfig, AccessLogFormat, AdminConfig, MetricsConfig, ReloadConfig, Timeouts,
+    AccessLogConfig, AccessLogFormat, AdminConfig, Limits, MetricsConfig, ReloadConfig, Timeouts,
 };
 pub use request::{
     glob_matches, CountRange, ModelPatterns, ModelsConfig, OverLimit, RequestBodyConfig,
 };
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
+pub use tenants::{ApiKeys, TenantSource, TenantsConfig};
 pub use validate::{ConfigError, ConfigErrors, TokenError};
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +56,9 @@ pub struct Config {
     /// Upstream timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Limits on client connections.
+    #[serde(default)]
+    pub limits: Limits,
     /// How often a request whose connect failed is tried again on another backend.
     #[serde(default = "defaults::connect_retries")]
     pub connect_retries: usize,
@@ -95,6 +100,9 @@ pub struct Config {
     /// Header naming the request's tenant, for fairness and per-tenant caps.
     #[serde(default = "defaults::tenant_header")]
     pub tenant_header: String,
+    /// Where a request's tenant comes from (its header, or its API key).
+    #[serde(default)]
+    pub tenants: TenantsConfig,
     /// One structured line per request on stdout.
     #[serde(default)]
     pub access_log: AccessLogConfig,

@@ -60,6 +60,14 @@ pub struct ReloadConfig {
     /// Quiet time after the last file event before reloading, so one save is one reload.
     #[serde(default = "defaults::reload_debounce", with = "duration")]
     pub debounce: Duration,
+    /// Longest one reload may take (reading, parsing, validating, resolving); past it the
+    /// reload is abandoned, reported, and the running config keeps serving.
+    #[serde(default = "defaults::reload_timeout", with = "duration")]
+    pub timeout: Duration,
+    /// Longest the lookup of one backend host name may take when a config is loaded; a name
+    /// with no answer by then starts unresolved (no traffic) and health checks retry it.
+    #[serde(default = "defaults::resolve_timeout", with = "duration")]
+    pub resolve_timeout: Duration,
 }
 
 impl Default for ReloadConfig {
@@ -67,6 +75,8 @@ impl Default for ReloadConfig {
         ReloadConfig {
             watch: defaults::reload_watch(),
             debounce: defaults::reload_debounce(),
+            timeout: defaults::reload_timeout(),
+            resolve_timeout: defaults::resolve_timeout(),
         }
     }
 }
@@ -110,6 +120,13 @@ pub struct Timeouts {
     /// (`request_body.paths`); past it the client gets 408.
     #[serde(default = "defaults::client_body_timeout", with = "duration")]
     pub client_body: Duration,
+    /// Longest a client may take to send a whole request header, from its first byte (or the
+    /// connection's start); a slowloris client is closed past it.
+    #[serde(default = "defaults::client_header_timeout", with = "duration")]
+    pub client_header: Duration,
+    /// Longest a keep-alive client connection may sit idle between two requests.
+    #[serde(default = "defaults::client_idle_timeout", with = "duration")]
+    pub client_idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -120,6 +137,8 @@ impl Default for Timeouts {
             write: defaults::write_timeout(),
             upstream_keepalive: defaults::upstream_idle_timeout(),
             client_body: defaults::client_body_timeout(),
+            client_header: defaults::client_header_timeout(),
+            client_idle: defaults::client_idle_timeout(),
         }
     }
 }
@@ -133,4 +152,26 @@ pub enum AccessLogFormat {
     Json,
     /// `tracing`'s human-readable `key=value` text.
     Text,
+}
+
+/// Limits on client connections.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Most client connections open at once; beyond it new ones are closed at once (logged and
+    /// counted). Absent: derived from the open-file limit at start.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Largest request header (request line included), bytes; a client sending more is closed.
+    #[serde(default = "defaults::max_header_bytes")]
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: None,
+            max_header_bytes: defaults::max_header_bytes(),
+        }
+    }
 }

@@ -160,8 +160,9 @@ impl SourceConfig {
             path: path.to_string(),
             message,
         };
-        if self.interval.is_zero() {
-            return Err(error("interval", "must be > 0".into()));
+        let least = super::defaults::MIN_POLL_INTERVAL;
+        if self.interval < least {
+            return Err(error("interval", format!("must be at least {least:?}")));
         }
         if self.timeout.is_zero() {
             return Err(error("timeout", "must be > 0".into()));

@@ -7,10 +7,12 @@
 //! nothing is counted twice and backends removed by a reload vanish from the next scrape.
 
 mod class;
+mod connections;
 
 mod window;
 
 pub use class::{BatchFigures, ClassMetrics};
+pub use connections::{ClientTimeout, ConnectionMetrics};
 pub use window::{LatencyWindow, Percentiles, WINDOW_SECS};
 
 use crate::health::now_ms;
@@ -59,6 +61,7 @@ pub struct Metrics {
     batch_delay: HistogramVec,
     batching: IntCounterVec,
     auth_failures: IntCounter,
+    connections: ConnectionMetrics,
     tenants: Arc<TenantLabels>,
     models: Arc<TenantLabels>,
     classes: RwLock<HashMap<String, Arc<ClassMetrics>>>,
@@ -192,8 +195,10 @@ impl Metrics {
             )
             .expect("valid counter"),
         );
+        let connections = ConnectionMetrics::new(&r);
         Metrics {
             registry: r,
+            connections,
             requests,
             duration,
             ttfb,
@@ -254,6 +259,11 @@ impl Metrics {
             batching: ["batched", "unbatched"]
                 .map(|mode| self.batching.with_label_values(&[name, mode])),
         }
+    }
+
+    /// The client connection collectors.
+    pub fn connections(&self) -> &ConnectionMetrics {
+        &self.connections
     }
 
     /// An admin request was refused for a missing or wrong token.

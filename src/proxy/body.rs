@@ -1,4 +1,9 @@
-//! Reading a request's JSON body before a backend is chosen, and replaying it upstream.
+//! Reading a request's body before a backend is chosen, and replaying it upstream.
+//!
+//! Every body whose `Content-Length` is within `request_body.max_bytes` is read whole before the
+//! request takes a backend slot (nginx's way), under the `timeouts.client_body` deadline: a
+//! client that stalls its upload gets 408 and never holds a GPU slot. Only the bodies of
+//! `request_body.paths` are parsed as JSON requests; the rest are held as bytes.
 //!
 //! pingora forwards a body read in `request_filter` only through its retry buffer, which holds
 //! 64 KiB and is dropped whole once more is written to it. So buffering is turned on just
@@ -22,8 +27,11 @@ pub const RETRY_BUFFER: usize = 64 * 1024;
 /// A request body as read before routing.
 #[derive(Debug)]
 pub enum Body {
-    /// Not read: not a body path, no body, not JSON, or over the limit and forwarded as is.
+    /// Not read: no body, chunked on a path whose body is not parsed, or over the limit and
+    /// forwarded as is.
     Unread,
+    /// Read whole and held for the upstream, not parsed (not a JSON request path).
+    Buffered(Bytes),
     /// Read whole and held for the upstream; what it says, or why it is not a request.
     Held {
         /// The bytes received.
@@ -33,9 +41,9 @@ pub enum Body {
     },
 }
 
-/// Whether `config` has gpulb read the body of this request: a configured path, and a content
+/// Whether `config` has gpulb parse the body of this request: a configured path, and a content
 /// type that can be JSON (clients such as `curl -d` label JSON as a form; uploads are skipped).
-fn wanted(session: &Session, config: &Config) -> bool {
+fn parsed(session: &Session, config: &Config) -> bool {
     let req = session.req_header();
     let path = req.uri.path();
     if !config.request_body.paths.iter().any(|p| p == path) {
@@ -63,20 +71,26 @@ fn content_length(session: &Session) -> Option<usize> {
 /// Reads the body of a request `config` wants read. `Ok(Err(..))` is an answer for the client
 /// (413, 408); `Err` is a failure of the client connection.
 pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body, ProxyError>> {
-    if !wanted(session, config) || session.as_downstream_mut().is_body_empty() {
+    if session.as_downstream_mut().is_body_empty() {
         return Ok(Ok(Body::Unread));
     }
+    let parse = parsed(session, config);
     let max = config.request_body.max_bytes;
     let length = content_length(session);
-    if let Some(size) = length.filter(|&n| n > max) {
-        return Ok(match config.request_body.over_limit {
-            OverLimit::Reject => Err(ProxyError::BodyTooLarge {
-                size,
-                limit: max,
-                chunked: false,
-            }),
-            OverLimit::Forward => Ok(Body::Unread),
-        });
+    match length {
+        Some(size) if size > max => {
+            return Ok(match config.request_body.over_limit {
+                OverLimit::Reject if parse => Err(ProxyError::BodyTooLarge {
+                    size,
+                    limit: max,
+                    chunked: false,
+                }),
+                _ => Ok(Body::Unread),
+            });
+        }
+        // A chunked upload has no known end: it streams, its stalls bounded per read.
+        None if !parse => return Ok(Ok(Body::Unread)),
+        _ => {}
     }
     let limit = length.map_or(max.min(RETRY_BUFFER), |n| n.min(max));
     let deadline = Instant::now() + config.timeouts.client_body;
@@ -105,6 +119,9 @@ pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body,
         held.extend_from_slice(&chunk);
     }
     let bytes = held.freeze();
+    if !parse {
+        return Ok(Ok(Body::Buffered(bytes)));
+    }
     let facts = request::parse(&bytes);
     Ok(Ok(Body::Held { bytes, facts }))
 }

@@ -34,6 +34,10 @@ pub async fn intake(
     let read = body::read(session, config).await?;
     let (body_error, refusal) = match read {
         Ok(Body::Unread) => (None, None),
+        Ok(Body::Buffered(bytes)) => {
+            ctx.held_body = Some(bytes);
+            (None, None)
+        }
         Ok(Body::Held { bytes, facts }) => {
             ctx.held_body = Some(bytes);
             match facts {

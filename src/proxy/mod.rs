@@ -7,11 +7,14 @@
 
 mod admit;
 mod batch;
+mod blame;
 mod body;
 mod ctx;
 mod finish;
+mod hygiene;
 mod intake;
 mod respond;
+mod tenant;
 
 pub use ctx::RequestCtx;
 
@@ -25,7 +28,7 @@ use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{ensure_request_id, respond_error, respond_models, tenant_of};
+use respond::{ensure_request_id, refuse, respond_error, respond_models};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -95,37 +98,44 @@ impl ProxyHttp for Gpulb {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
+        crate::connections::mark_active(session);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
         ctx.request_id = Some(ensure_request_id(session, &compiled.request_id_header)?);
-        ctx.tenant = tenant_of(session, &compiled.tenant_header);
         ctx.snapshot = Some(Arc::clone(&snapshot));
+        match tenant::identify(session.req_header(), compiled, &snapshot.config.tenants) {
+            Ok(tenant) => ctx.tenant = tenant,
+            Err(error) => return refuse(session, ctx, error).await,
+        }
         match self.lifecycle.phase() {
             Phase::Serving => {}
             // Told to stop: serve, but let the client reconnect elsewhere for the next one.
             Phase::Draining => session.set_keepalive(None),
             Phase::Closing => {
                 session.set_keepalive(None);
-                let error = ProxyError::ShuttingDown;
-                respond_error(session, ctx, &error).await?;
-                ctx.failure = Some(error);
-                return Ok(true);
+                return refuse(session, ctx, ProxyError::ShuttingDown).await;
             }
+        }
+        if let Some(error) = hygiene::malformed(session.req_header()) {
+            session.set_keepalive(None);
+            return refuse(session, ctx, error).await;
         }
         if let Some(models) = models_asked(session, &snapshot) {
             respond_models(session, ctx, &models).await?;
             return Ok(true);
         }
         let refused = intake::intake(session, ctx, &snapshot).await?;
+        // A body streamed past this point (chunked, or over the read limit) is bounded per read.
+        session
+            .as_downstream_mut()
+            .set_read_timeout(Some(snapshot.config.timeouts.client_body));
         let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
         if let Some(error) = refused {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
             // Part of the body may be unread: this connection cannot carry another request.
             session.set_keepalive(None);
-            respond_error(session, ctx, &error).await?;
-            ctx.failure = Some(error);
-            return Ok(true);
+            return refuse(session, ctx, error).await;
         }
         if batch::batch(session, ctx, &snapshot, &self.batch_client).await? {
             return Ok(true);
@@ -140,9 +150,7 @@ impl ProxyHttp for Gpulb {
             Some(error) => {
                 tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
                 class_metrics.shed(&ctx.tenant, error.code());
-                respond_error(session, ctx, &error).await?;
-                ctx.failure = Some(error);
-                Ok(true)
+                refuse(session, ctx, error).await
             }
         }
     }
@@ -222,6 +230,10 @@ impl ProxyHttp for Gpulb {
         for name in headers::hop_by_hop(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }
+        // A client's `Connection` header may list gpulb's own request id: put it back.
+        if let Some(id) = &ctx.request_id {
+            upstream_request.insert_header(ctx.id_header(), id.as_str())?;
+        }
         if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
             let chain = headers::forwarded_for(
                 upstream_request.headers.get("x-forwarded-for"),
@@ -269,6 +281,7 @@ impl ProxyHttp for Gpulb {
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let failure = ctx.failure.take().or_else(|| ProxyError::from_pingora(e));
+        let failure = blame::client_or_backend(session, e, failure, ctx.snapshot.as_deref());
         if failure == Some(ProxyError::ClientGone) {
             ctx.failure = failure;
             return FailToProxy {
@@ -285,6 +298,14 @@ impl ProxyHttp for Gpulb {
         {
             snap.report(lease.backend, Err(AttemptFailure::Broken(cause.clone())));
         }
+        // The client learns which backend failed by its configured name, never its address
+        // or the bytes it sent; the detail stays in the debug log below.
+        let backend_name = ctx
+            .backend
+            .zip(ctx.snapshot.as_deref())
+            .and_then(|(i, s)| s.backends.get(i))
+            .map_or("(none)", |b| b.state.name.as_str());
+        let failure = failure.map(|f| f.naming_backend(backend_name));
         let code = match &failure {
             Some(error) if session.response_written().is_none() => {
                 // The connection closes after this answer: say so, or a client reusing it
@@ -335,6 +356,7 @@ impl ProxyHttp for Gpulb {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         finish::record(session, e, ctx, self.access_log);
+        crate::connections::mark_idle(session);
         // Release now rather than when pingora drops the context; `Drop` covers the paths
         // (shutdown, cancelled futures) where this hook never runs.
         ctx.lease = None;

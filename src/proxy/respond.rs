@@ -30,6 +30,18 @@ pub async fn respond_error(
     session.write_response_body(Some(body), true).await
 }
 
+/// Answers `error` as the end of the request (recorded as its failure); `Ok(true)` tells
+/// pingora the response is written.
+pub async fn refuse(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    error: ProxyError,
+) -> Result<bool> {
+    respond_error(session, ctx, &error).await?;
+    ctx.failure = Some(error);
+    Ok(true)
+}
+
 /// Answers `GET /v1/models` with `models`, in OpenAI's list shape.
 pub async fn respond_models(
     session: &mut Session,
@@ -72,17 +84,4 @@ pub fn ensure_request_id(session: &mut Session, id_header: &HeaderName) -> Resul
             Ok(id)
         }
     }
-}
-
-/// The request's tenant: the tenant header's value (up to 64 bytes), else `default`.
-pub fn tenant_of(session: &Session, tenant_header: &HeaderName) -> String {
-    session
-        .req_header()
-        .headers
-        .get(tenant_header)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 64)
-        .unwrap_or("default")
-        .to_string()
 }

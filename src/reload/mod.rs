@@ -3,16 +3,22 @@
 //! Triggers: the file changing on disk (its directory is watched, so editors that write a temp
 //! file and rename it work), `SIGHUP`, and the admin `POST /reload`. Reloads are serialized; a
 //! request keeps the snapshot it started with, so it never sees half of two configs.
+//!
+//! The slow part — reading, parsing, validating and resolving backend names — runs on a thread
+//! of its own, holding no lock that `/status` or `/metrics` need; only the swap itself (no I/O)
+//! happens after it. A reload that takes longer than `reload.timeout` is abandoned: nothing of
+//! it is applied, and it is logged, counted and shown in `/status`.
 
 mod triggers;
 
 pub use triggers::ReloadService;
 
 use crate::config::{describe_changes, Config};
-use crate::routing::Registry;
+use crate::routing::{resolve_backends, Registry, Resolved};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// What asked for a reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,6 +55,13 @@ pub enum Outcome {
         /// Every problem found, with field paths.
         error: String,
     },
+    /// Reading, parsing and resolving took longer than `reload.timeout`; nothing was applied.
+    Abandoned {
+        /// The generation still in force.
+        generation: u64,
+        /// What happened.
+        error: String,
+    },
 }
 
 /// Reload history shown by `/status`.
@@ -64,6 +77,8 @@ pub struct ReloadStatus {
     pub rejected_total: u64,
     /// Reloads that found nothing new.
     pub unchanged_total: u64,
+    /// Reloads abandoned past `reload.timeout`.
+    pub abandoned_total: u64,
     /// The error of the last reload, if it was refused and the file has not been fixed since.
     pub last_error: Option<String>,
 }
@@ -71,7 +86,22 @@ pub struct ReloadStatus {
 /// Runs reloads of one config file into one registry.
 pub struct Reloader {
     registry: Arc<Registry>,
+    /// Held only to read or record the history, never across a reload's work.
     state: Mutex<ReloadStatus>,
+    /// Serializes reloads; `/status` never waits on it.
+    turn: Mutex<()>,
+}
+
+/// A config file read, parsed, validated and resolved, ready to swap in.
+enum Prepared {
+    /// The text in force already.
+    Unchanged,
+    /// A new valid config.
+    New {
+        config: Box<Config>,
+        resolved: Resolved,
+        hash: String,
+    },
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint of the config text.
@@ -80,6 +110,23 @@ pub fn text_hash(text: &str) -> String {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     format!("{hash:016x}")
+}
+
+/// Reads, parses, validates and resolves the file at `path`: everything slow, no lock held.
+fn prepare(path: &Path, hash_in_force: &str) -> Result<Prepared, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let hash = text_hash(&text);
+    if hash == hash_in_force {
+        return Ok(Prepared::Unchanged);
+    }
+    let config = Config::from_yaml(&text).map_err(|e| e.to_string())?;
+    let resolved = resolve_backends(&config);
+    Ok(Prepared::New {
+        config: Box::new(config),
+        resolved,
+        hash,
+    })
 }
 
 impl Reloader {
@@ -92,65 +139,96 @@ impl Reloader {
                 hash,
                 ..ReloadStatus::default()
             }),
+            turn: Mutex::new(()),
         }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ReloadStatus> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The config file path.
     pub fn path(&self) -> PathBuf {
-        self.status().path
+        self.state().path.clone()
     }
 
     /// Reload history so far.
     pub fn status(&self) -> ReloadStatus {
-        self.state.lock().map(|s| s.clone()).unwrap_or_default()
+        self.state().clone()
     }
 
-    /// Reads the file and applies it if it is new and valid.
+    /// Reads the file and applies it if it is new and valid, within the running config's
+    /// `reload.timeout`. Blocks the calling thread (run it off any event loop).
     pub fn reload(&self, trigger: Trigger) -> Outcome {
-        let Ok(mut state) = self.state.lock() else {
-            let generation = self.registry.load().generation;
-            let error = "reload state poisoned by an earlier panic".to_string();
-            return Outcome::Rejected { generation, error };
-        };
+        let _turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.registry.load();
-        let text = match std::fs::read_to_string(&state.path) {
-            Ok(text) => text,
-            Err(e) => {
-                let error = format!("cannot read {}: {e}", state.path.display());
-                return reject(&mut state, trigger, current.generation, error);
-            }
+        let limit = current.config.reload.timeout;
+        let (path, hash_in_force) = {
+            let state = self.state();
+            (state.path.clone(), state.hash.clone())
         };
-        let hash = text_hash(&text);
-        if hash == state.hash {
-            state.unchanged_total += 1;
-            state.last_error = None;
-            tracing::debug!(?trigger, "config unchanged");
-            return Outcome::Unchanged {
-                generation: current.generation,
-            };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("gpulb-reload".into())
+            .spawn(move || {
+                let _ = tx.send(prepare(&path, &hash_in_force));
+            });
+        if let Err(e) = spawned {
+            let error = format!("cannot start the reload thread: {e}");
+            return self.reject(trigger, current.generation, error);
         }
-        let config = match Config::from_yaml(&text) {
-            Ok(config) => config,
-            Err(e) => return reject(&mut state, trigger, current.generation, e.to_string()),
-        };
-        let changes = describe_changes(&self.registry.file_config(), &config);
-        let generation = self.registry.apply(config);
-        state.hash = hash;
-        state.applied_total += 1;
-        state.last_error = None;
-        tracing::info!(?trigger, generation, changes = %changes.join("; "), "config reloaded");
-        Outcome::Applied {
-            generation,
-            changes,
+        match rx.recv_timeout(limit) {
+            Ok(Ok(Prepared::Unchanged)) => {
+                let mut state = self.state();
+                state.unchanged_total += 1;
+                state.last_error = None;
+                tracing::debug!(?trigger, "config unchanged");
+                Outcome::Unchanged {
+                    generation: current.generation,
+                }
+            }
+            Ok(Ok(Prepared::New {
+                config,
+                resolved,
+                hash,
+            })) => {
+                let changes = describe_changes(&self.registry.file_config(), &config);
+                let generation = self.registry.apply_resolved(*config, resolved);
+                let mut state = self.state();
+                state.hash = hash;
+                state.applied_total += 1;
+                state.last_error = None;
+                tracing::info!(?trigger, generation, changes = %changes.join("; "), "config reloaded");
+                Outcome::Applied {
+                    generation,
+                    changes,
+                }
+            }
+            Ok(Err(error)) => self.reject(trigger, current.generation, error),
+            Err(_) => self.abandon(trigger, current.generation, limit),
         }
     }
-}
 
-fn reject(state: &mut ReloadStatus, trigger: Trigger, generation: u64, error: String) -> Outcome {
-    state.rejected_total += 1;
-    state.last_error = Some(error.clone());
-    tracing::error!(?trigger, generation, %error, "config reload refused; the running config keeps serving");
-    Outcome::Rejected { generation, error }
+    fn reject(&self, trigger: Trigger, generation: u64, error: String) -> Outcome {
+        let mut state = self.state();
+        state.rejected_total += 1;
+        state.last_error = Some(error.clone());
+        tracing::error!(?trigger, generation, %error, "config reload refused; the running config keeps serving");
+        Outcome::Rejected { generation, error }
+    }
+
+    fn abandon(&self, trigger: Trigger, generation: u64, limit: Duration) -> Outcome {
+        let error = format!(
+            "reading, parsing and resolving the file took longer than reload.timeout ({limit:?}); nothing was applied"
+        );
+        let mut state = self.state();
+        state.abandoned_total += 1;
+        state.last_error = Some(error.clone());
+        tracing::error!(?trigger, generation, %error, "config reload abandoned; the running config keeps serving");
+        Outcome::Abandoned { generation, error }
+    }
 }
 
 #[cfg(test)]

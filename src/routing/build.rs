@@ -6,9 +6,10 @@ use super::{
     placement, Backend, BackendState, Class, ClassState, ModelList, ModelSource, Pool, Snapshot,
 };
 use crate::admission::QueuePolicy;
-use crate::config::{BackendConfig, Config, Upstream};
+use crate::config::{BackendConfig, Config, ResolveError, Upstream};
 use crate::health::CheckStatus;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
@@ -16,9 +17,49 @@ use tokio::sync::Notify;
 /// 16-token blocks (4 million tokens of distinct prompt prefixes) remembered.
 pub const PREFIX_INDEX_ENTRIES: usize = 1 << 18;
 
+/// The address each backend of a config resolves to, in `config.backends` order.
+pub type Resolved = Vec<Result<SocketAddr, ResolveError>>;
+
+/// Resolves every backend name of `config` at once, each bounded by `reload.resolve_timeout`.
+pub fn resolve_backends(config: &Config) -> Resolved {
+    let limit = config.reload.resolve_timeout;
+    std::thread::scope(|scope| {
+        let lookups: Vec<_> = config
+            .compiled
+            .upstreams
+            .iter()
+            .map(|upstream| scope.spawn(move || upstream.resolve_within(limit)))
+            .collect();
+        lookups
+            .into_iter()
+            .zip(&config.compiled.upstreams)
+            .map(|(lookup, upstream)| {
+                lookup.join().unwrap_or_else(|_| {
+                    Err(ResolveError::Failed {
+                        authority: upstream.to_string(),
+                        cause: "the lookup panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
 impl Snapshot {
-    /// Builds a snapshot from a validated config, reusing live state from `previous` by name.
+    /// Builds a snapshot from a validated config, reusing live state from `previous` by name;
+    /// backend names are resolved first (bounded).
     pub fn build(config: Config, generation: u64, previous: Option<&Snapshot>) -> Snapshot {
+        let resolved = resolve_backends(&config);
+        Snapshot::build_resolved(config, resolved, generation, previous)
+    }
+
+    /// [`Snapshot::build`] with the backends' names already resolved: no I/O, quick.
+    pub fn build_resolved(
+        config: Config,
+        resolved: Resolved,
+        generation: u64,
+        previous: Option<&Snapshot>,
+    ) -> Snapshot {
         let old_backends: HashMap<&str, &Backend> = previous
             .map(|p| {
                 p.backends
@@ -46,9 +87,10 @@ impl Snapshot {
             .backends
             .iter()
             .zip(&config.compiled.upstreams)
-            .map(|(b, upstream)| {
+            .zip(resolved)
+            .map(|((b, upstream), resolved)| {
                 let old = old_backends.get(b.name.as_str()).copied();
-                build_backend(&config, b, upstream, old, &capacity)
+                build_backend(&config, b, (upstream, resolved), old, &capacity)
             })
             .collect();
         let backend_index = |name: &str| backends.iter().position(|b| b.state.name == name);
@@ -125,19 +167,18 @@ impl Snapshot {
     }
 }
 
-/// One backend of the new snapshot, its name resolved now; its health restarts when checks
-/// turn on or it moved (a new URL or a new address).
+/// One backend of the new snapshot at the address its name resolved to; its health restarts
+/// when checks turn on or it moved (a new URL or a new address).
 fn build_backend(
     config: &Config,
     b: &BackendConfig,
-    upstream: &Upstream,
+    (upstream, resolved): (&Upstream, Result<SocketAddr, ResolveError>),
     old: Option<&Backend>,
     capacity: &Arc<Notify>,
 ) -> Backend {
     let state = old
         .map(|o| Arc::clone(&o.state))
         .unwrap_or_else(|| Arc::new(BackendState::new(&b.name, Arc::clone(capacity))));
-    let resolved = upstream.resolve();
     if let Err(e) = &resolved {
         tracing::warn!(backend = %b.name, error = %e, "backend gets no traffic until its name resolves");
     }

@@ -8,6 +8,7 @@
 
 pub mod balance;
 mod build;
+pub use build::{resolve_backends, Resolved};
 pub mod classify;
 pub mod models;
 pub mod placement;

@@ -3,15 +3,18 @@
 //! Live backend state (`Arc<BackendState>`) is carried from one snapshot to the next by backend
 //! name, so a rebuild never loses in-flight counts.
 
+use super::build::{resolve_backends, Resolved};
 use super::classify::{BodyView, ClassRule, Envelope};
 use super::placement::Placement;
 use super::prefix::PrefixIndex;
 use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
-use crate::config::{Config, Guards, HealthCheck, SourceConfig, Upstream};
+use crate::config::{Config, Guards, HealthCheck, ResolveError, SourceConfig, Upstream};
 use crate::discovery::{Discovered, DnsError, GroupStatus};
 use crate::request::BodyError;
 use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -133,16 +136,50 @@ impl Snapshot {
 pub struct Registry {
     current: ArcSwap<Snapshot>,
     generations: tokio::sync::watch::Sender<u64>,
-    discovered: Mutex<Discovered>,
+    sources: Mutex<Sources>,
+}
+
+/// Where the config in force comes from: the file (its backend names resolved when it was
+/// applied) and what discovery found (address literals, resolved without I/O).
+struct Sources {
+    discovered: Discovered,
+    file_addresses: HashMap<Upstream, Result<SocketAddr, ResolveError>>,
+}
+
+impl Sources {
+    /// The address of every backend of `config`: the file's as resolved when it was applied,
+    /// discovered ones from their literal address.
+    fn addresses(&self, config: &Config) -> Resolved {
+        let limit = config.reload.resolve_timeout;
+        config
+            .compiled
+            .upstreams
+            .iter()
+            .map(|upstream| match self.file_addresses.get(upstream) {
+                Some(address) => address.clone(),
+                None => upstream.resolve_within(limit),
+            })
+            .collect()
+    }
 }
 
 impl Registry {
     /// A registry serving `config` as generation 1.
     pub fn new(config: Config) -> Self {
+        let resolved = resolve_backends(&config);
+        let file_addresses = file_addresses(&config, &resolved);
         Registry {
-            current: ArcSwap::from_pointee(Snapshot::build(config.clone(), 1, None)),
+            current: ArcSwap::from_pointee(Snapshot::build_resolved(
+                config.clone(),
+                resolved,
+                1,
+                None,
+            )),
             generations: tokio::sync::watch::Sender::new(1),
-            discovered: Mutex::new(Discovered::new(config)),
+            sources: Mutex::new(Sources {
+                discovered: Discovered::new(config),
+                file_addresses,
+            }),
         }
     }
 
@@ -156,12 +193,24 @@ impl Registry {
         self.current.load_full()
     }
 
+    fn sources(&self) -> std::sync::MutexGuard<'_, Sources> {
+        self.sources.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Applies a validated config from the file, with what discovery found added; returns the
-    /// new generation.
+    /// new generation. Resolves the file's backend names first (bounded, no lock held).
     pub fn apply(&self, config: Config) -> u64 {
-        let mut discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
-        let config = discovered.set_file(config);
-        self.install(config)
+        let resolved = resolve_backends(&config);
+        self.apply_resolved(config, resolved)
+    }
+
+    /// [`Registry::apply`] with the file's backend names already resolved (no I/O).
+    pub fn apply_resolved(&self, config: Config, resolved: Resolved) -> u64 {
+        let mut sources = self.sources();
+        sources.file_addresses = file_addresses(&config, &resolved);
+        let config = sources.discovered.set_file(config);
+        let resolved = sources.addresses(&config);
+        self.install(config, resolved)
     }
 
     /// Records a DNS lookup for `pool`; rebuilds the snapshot when the set of backends changed.
@@ -171,27 +220,27 @@ impl Registry {
         dns: &str,
         result: Result<Vec<std::net::IpAddr>, DnsError>,
     ) -> Option<u64> {
-        let mut discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
-        let config = discovered.record(pool, dns, result)?;
-        Some(self.install(config))
+        let mut sources = self.sources();
+        let config = sources.discovered.record(pool, dns, result)?;
+        let resolved = sources.addresses(&config);
+        Some(self.install(config, resolved))
     }
 
     /// The config as the file says it, without what discovery added.
     pub fn file_config(&self) -> Config {
-        let discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
-        discovered.file().clone()
+        self.sources().discovered.file().clone()
     }
 
     /// How each discovering pool's lookups go.
     pub fn discovery(&self) -> Vec<GroupStatus> {
-        let discovered = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
-        discovered.status()
+        self.sources().discovered.status()
     }
 
     /// Builds a snapshot from a validated config and makes it current; returns its generation.
-    fn install(&self, config: Config) -> u64 {
+    fn install(&self, config: Config, resolved: Resolved) -> u64 {
         let previous = self.load();
-        let next = Snapshot::build(config, previous.generation + 1, Some(&previous));
+        let next =
+            Snapshot::build_resolved(config, resolved, previous.generation + 1, Some(&previous));
         let generation = next.generation;
         self.current.store(Arc::new(next));
         self.generations.send_replace(generation);
@@ -199,4 +248,18 @@ impl Registry {
         self.load().capacity.notify_one();
         generation
     }
+}
+
+/// Each of `config`'s backend addresses as `resolved` found it.
+fn file_addresses(
+    config: &Config,
+    resolved: &Resolved,
+) -> HashMap<Upstream, Result<SocketAddr, ResolveError>> {
+    config
+        .compiled
+        .upstreams
+        .iter()
+        .cloned()
+        .zip(resolved.iter().cloned())
+        .collect()
 }

@@ -257,7 +257,7 @@ fn source_config_refuses_mistakes() {
     let zero: SourceConfig = serde_yaml::from_str("{kind: nvml, interval: 0s}").expect("parses");
     assert_eq!(
         zero.validate().unwrap_err().to_string(),
-        "interval: must be > 0"
+        "interval: must be at least 100ms"
     );
     let tls: SourceConfig =
         serde_yaml::from_str("{kind: dcgm, url: \"https://h/metrics\"}").expect("parses");

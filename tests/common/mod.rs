@@ -6,10 +6,12 @@
 
 mod config;
 mod proxy;
+mod raw;
 mod requests;
 
 pub use config::{Backend, Class, Config, Pool};
 pub use proxy::{backend_field, class_field, Proxy};
+pub use raw::{Raw, RawAnswer};
 pub use requests::{completion, served_by, worker_of, Answer, Req};
 
 use gpulb::tools::sim::{SimWorker, WorkerProfile};

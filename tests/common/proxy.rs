@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Environment variable the admin token is passed in by [`Proxy::start_with_token`].
 const TOKEN_ENV: &str = "GPULB_TEST_ADMIN_TOKEN";
@@ -56,12 +56,13 @@ impl Proxy {
             "listen: 127.0.0.1:{port}\nadmin: {{listen: 127.0.0.1:{admin_port}{admin_extra}}}\n"
         );
         std::fs::write(&config_path, format!("{header}{body}")).expect("write config");
+        let stdout = std::fs::File::create(dir.path().join("stdout.log")).expect("stdout file");
         let child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
             .args(["serve", "--config"])
             .arg(&config_path)
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .spawn()
             .expect("spawn gpulb");
         let proxy = Proxy {
@@ -81,6 +82,11 @@ impl Proxy {
         })
         .await;
         proxy
+    }
+
+    /// What the process wrote to stdout so far: its access log.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("stdout.log")).unwrap_or_default()
     }
 
     /// Replaces the config file the way editors do: write a temp file, rename it over.

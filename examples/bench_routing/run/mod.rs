@@ -7,10 +7,13 @@ mod ready;
 mod replay;
 mod target;
 
+pub use target::Beside;
+
+use crate::abuse::AbuseSpec;
 use crate::targets::Target;
 use crate::trace::{self, TraceSpec};
 use crate::Args;
-use crate::{prefix, report};
+use crate::{abuse_report, prefix, report};
 use fleet::Bench;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,15 +42,29 @@ pub fn run(a: &Args) -> Result<(), String> {
     let plan = Plan::new(a, &dir, &gpulb_bin, trace.clone(), bench.addrs());
     let mut runs = Vec::new();
     let mut configs = Vec::new();
+    let mut pairs = Vec::new();
     for &target in &targets {
-        let (run, config) = target::run_target(&bench, &plan, target)?;
+        let (run, config, beside) = target::run_target(&bench, &plan, target, None)?;
         configs.push((target.name().to_string(), config));
-        runs.push(run);
+        match abuse_spec(a) {
+            Some(spec) => {
+                let (abused, _, abused_beside) =
+                    target::run_target(&bench, &plan, target, Some(spec))?;
+                pairs.push(abuse_report::Pair {
+                    clean: (run, beside),
+                    abused: (abused, abused_beside),
+                });
+            }
+            None => runs.push(run),
+        }
     }
     // Let the fleet settle before dropping it (bounded).
     let _ = bench.block_on(fleet::wait_idle(&bench.fleet));
 
-    let mut md = report::document(a.seed, &head, &configs, &runs, a.workers);
+    let mut md = match abuse_spec(a) {
+        Some(spec) => abuse_report::document(&head, spec, &pairs),
+        None => report::document(a.seed, &head, &configs, &runs, a.workers),
+    };
     if prefix_mode {
         md.push_str(&prefix::section(a, &trace, &profiles, &runs));
     }
@@ -57,6 +74,16 @@ pub fn run(a: &Args) -> Result<(), String> {
     eprintln!("[bench] written to {}", out.display());
     bench.shutdown();
     Ok(())
+}
+
+/// The abuse to send beside each target's second run, with `--abuse`.
+fn abuse_spec(a: &Args) -> Option<AbuseSpec> {
+    a.abuse.then(|| AbuseSpec {
+        slowloris: a.slowloris,
+        idle: a.idle,
+        stalled: a.stalled,
+        drip: std::time::Duration::from_millis(a.drip_ms),
+    })
 }
 
 /// The targets to run, once the fleet and weight arguments are known to make sense.

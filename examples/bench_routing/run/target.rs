@@ -4,6 +4,7 @@
 use super::fleet::{self, Bench};
 use super::ready::wait_ready;
 use super::replay::{self, Endpoint};
+use crate::abuse::{Abuse, AbuseReport, AbuseSpec};
 use crate::procs::{self, ChildGuard, SelfCpu};
 use crate::report::{self, TargetRun};
 use crate::targets::{self, GpulbKnobs, Target};
@@ -85,16 +86,63 @@ fn knobs(a: &Args) -> GpulbKnobs {
     }
 }
 
-/// Runs `target` through the trace; returns what was measured and the path of its config (the
-/// first replica's, when it runs several).
+/// With `--abuse`, how long every turn waits after readiness before the trace starts.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// What a turn measured beside the trace: the proxy's memory and, for gpulb, ejections.
+#[derive(Clone, Debug, Default)]
+pub struct Beside {
+    /// The proxy's resident memory at the end of the trace (every process of it), KiB.
+    pub rss_kb: u64,
+    /// Backend ejections gpulb counted during the turn (`None` for peers: not observable).
+    pub ejections: Option<u64>,
+    /// What the abuse found, when there was abuse.
+    pub abuse: Option<AbuseReport>,
+}
+
+/// Sum of `ejections_total` over the backends in gpulb's `/status` at each of `admins`.
+async fn ejections(admins: &[String]) -> Option<u64> {
+    let mut total = 0;
+    for admin in admins {
+        total += ejections_at(admin).await?;
+    }
+    Some(total)
+}
+
+/// Sum of `ejections_total` over the backends in gpulb's `/status` at `admin`.
+async fn ejections_at(admin: &str) -> Option<u64> {
+    let status: serde_json::Value = reqwest::get(format!("{admin}/status"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let backends = status["backends"].as_array()?;
+    Some(
+        backends
+            .iter()
+            .filter_map(|b| b["ejections_total"].as_u64())
+            .sum(),
+    )
+}
+
+/// Runs `target` through the trace, beside `abuse` when given (against its first replica);
+/// returns what was measured and the path of its config (the first replica's, when it runs
+/// several).
 pub fn run_target(
     bench: &Bench,
     plan: &Plan,
     target: Target,
-) -> Result<(TargetRun, PathBuf), String> {
-    let name = target.name();
+    abuse: Option<AbuseSpec>,
+) -> Result<(TargetRun, PathBuf, Beside), String> {
+    let name = match abuse {
+        Some(_) => format!("{}+abuse", target.name()),
+        None => target.name().to_string(),
+    };
+    let name = name.as_str();
     let mut children = Vec::new();
     let mut config_path = None;
+    let mut first_listen = None;
     let mut to = Endpoint {
         bases: Vec::new(),
         admins: Vec::new(),
@@ -106,6 +154,7 @@ pub fn run_target(
         let admin_port = free_port().map_err(|e| e.to_string())?;
         let setup = plan.setup(listen_port, admin_port);
         let (mut child, path) = targets::start(target, &setup, plan.gpulb_bin, replica)?;
+        first_listen.get_or_insert(listen_port);
         let base = format!("http://127.0.0.1:{listen_port}");
         let admin = target
             .is_gpulb()
@@ -132,17 +181,42 @@ pub fn run_target(
     if !bench.block_on(fleet::wait_idle(&bench.fleet)) {
         eprintln!("[bench] warning: the fleet was still busy after 60 s before {name}");
     }
+    let admins = to.admins.clone();
+    // With --abuse, clean and abused turns alike wait SETTLE after readiness (the abuse
+    // connects meanwhile), so both start with the same warm-up.
+    let abuse = match abuse {
+        Some(spec) => {
+            eprintln!("[bench] {name}: {spec:?}");
+            let port = first_listen.expect("at least one replica");
+            Some(Abuse::start(([127, 0, 0, 1], port).into(), spec)?)
+        }
+        None => None,
+    };
+    if plan.a.abuse {
+        bench.block_on(async { tokio::time::sleep(SETTLE).await });
+    }
     let run = measure(bench, plan, name, &mut children, to);
+    let beside = Beside {
+        rss_kb: children.iter().map(|c| procs::group_rss_kb(c.pid())).sum(),
+        ejections: match target.is_gpulb() {
+            true => bench.block_on(ejections(&admins)),
+            false => None,
+        },
+        abuse: abuse.map(Abuse::finish),
+    };
+    for child in children.iter_mut() {
+        child.stop();
+    }
     let _ = std::fs::write(
         plan.dir.join(format!("{name}-requests.csv")),
         report::csv(&run),
     );
     log_summary(&run);
-    Ok((run, config_path.expect("at least one replica")))
+    Ok((run, config_path.expect("at least one replica"), beside))
 }
 
 /// Replays the trace against the running `children` (the target's replicas), with the CPU
-/// they and the harness spent meanwhile, then stops them.
+/// they and the harness spent meanwhile.
 fn measure(
     bench: &Bench,
     plan: &Plan,
@@ -173,7 +247,6 @@ fn measure(
                 child.name
             );
         }
-        child.stop();
     }
     let mut run = r.into_run(name, self_cpu, proxy_cpu);
     run.prefix_cache = cache_after

@@ -85,14 +85,42 @@ impl Config {
             }
             None => {}
         }
+        let api_keys = self.validate_tenants(&mut report);
         match (tenant_header, request_id_header) {
             (Some(tenant_header), Some(request_id_header)) if report.0.is_empty() => Ok(Compiled {
                 tenant_header,
+                api_keys,
                 request_id_header,
                 upstreams,
                 class_rules,
             }),
             _ => Err(ConfigErrors(report.0)),
+        }
+    }
+
+    /// Checks `tenants`; the API keys read from its keys file when tenants come from them.
+    fn validate_tenants(&self, report: &mut Report) -> Option<super::ApiKeys> {
+        let tenants = &self.tenants;
+        match (tenants.from, &tenants.keys_file) {
+            (super::TenantSource::ApiKey, Some(path)) => match super::ApiKeys::load(path) {
+                Ok(keys) => Some(keys),
+                Err(problem) => {
+                    report.error("tenants.keys_file", problem);
+                    None
+                }
+            },
+            (super::TenantSource::ApiKey, None) => {
+                report.error("tenants.keys_file", "required with from: api_key");
+                None
+            }
+            (super::TenantSource::Header, _) => {
+                report.check(
+                    tenants.keys_file.is_none() && !tenants.reject_unknown,
+                    "tenants",
+                    "keys_file and reject_unknown apply to from: api_key only",
+                );
+                None
+            }
         }
     }
 
@@ -110,9 +138,31 @@ impl Config {
             ("write", t.write),
             ("upstream_keepalive", t.upstream_keepalive),
             ("client_body", t.client_body),
+            ("client_header", t.client_header),
+            ("client_idle", t.client_idle),
         ] {
             report.check(!value.is_zero(), format!("timeouts.{name}"), "must be > 0");
         }
+        report.check(
+            !self.reload.timeout.is_zero(),
+            "reload.timeout",
+            "must be > 0",
+        );
+        report.check(
+            !self.reload.resolve_timeout.is_zero(),
+            "reload.resolve_timeout",
+            "must be > 0",
+        );
+        report.check(
+            self.limits.max_connections != Some(0),
+            "limits.max_connections",
+            "must be >= 1",
+        );
+        report.check(
+            self.limits.max_header_bytes >= 1024,
+            "limits.max_header_bytes",
+            "must be at least 1024",
+        );
         report.check(
             self.connect_retries <= 16,
             "connect_retries",

@@ -177,10 +177,11 @@ fn check_health(h: &crate::config::HealthCheck, at: &str, report: &mut Report) {
         format!("{at}.path"),
         "must start with '/'",
     );
+    let least = crate::config::defaults::MIN_POLL_INTERVAL;
     report.check(
-        !h.interval.is_zero(),
+        h.interval >= least,
         format!("{at}.interval"),
-        "must be > 0",
+        format!("must be at least {least:?}"),
     );
     report.check(!h.timeout.is_zero(), format!("{at}.timeout"), "must be > 0");
     report.check(h.rise >= 1, format!("{at}.rise"), "must be >= 1");
@@ -204,9 +205,13 @@ impl Config {
             "must be >= 1",
         );
         let models = &self.models;
-        for (key, value) in [("interval", models.interval), ("timeout", models.timeout)] {
-            report.check(!value.is_zero(), format!("models.{key}"), "must be > 0");
-        }
+        let least = crate::config::defaults::MIN_POLL_INTERVAL;
+        report.check(
+            models.interval >= least,
+            "models.interval",
+            format!("must be at least {least:?}"),
+        );
+        report.check(!models.timeout.is_zero(), "models.timeout", "must be > 0");
         for (alias, model) in &models.aliases {
             let at = format!("models.aliases.{alias}");
             if model.is_empty() || model == alias {

@@ -1,0 +1,288 @@
+//! A client connection under gpulb's own deadlines: the whole request header within
+//! `timeouts.client_header` (pingora's header timeout is per read, so a slowloris client
+//! sending a byte at a time would otherwise stay forever), at most `limits.max_header_bytes` of
+//! it, and at most `timeouts.client_idle` of silence between two requests on a kept-alive
+//! connection (pingora keeps an HTTP/1.1 connection with no idle limit after its first request).
+//!
+//! The stream does not parse HTTP: the proxy's hooks tell it where the exchange stands
+//! ([`mark_active`] once a header is parsed, [`mark_idle`] once a response is done), and the
+//! first byte read while idle starts the next header's clock.
+
+use crate::metrics::{ClientTimeout, ConnectionMetrics};
+use async_trait::async_trait;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use pingora::proxy::Session;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Where the exchange on a connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// Waiting for (the rest of) a request header: `client_header` runs.
+    Header = 0,
+    /// A request is being served: body and response have their own timeouts.
+    Active = 1,
+    /// Between two requests: `client_idle` runs.
+    Idle = 2,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Header,
+            1 => Phase::Active,
+            _ => Phase::Idle,
+        }
+    }
+}
+
+/// The deadlines and limits applied to one client connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    /// Whole-header deadline.
+    pub header: Duration,
+    /// Keep-alive idle limit.
+    pub idle: Duration,
+    /// Largest header, bytes.
+    pub max_header_bytes: usize,
+}
+
+/// A client connection whose reads are bounded by [`ClientLimits`].
+pub struct GuardedStream {
+    inner: Stream,
+    limits: ClientLimits,
+    /// Set by the proxy's hooks (through a shared reference), read on every poll.
+    phase: AtomicU8,
+    /// The phase the timer is armed for.
+    armed: Phase,
+    timer: Pin<Box<Sleep>>,
+    header_bytes: usize,
+    metrics: ConnectionMetrics,
+}
+
+impl std::fmt::Debug for GuardedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedStream")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardedStream {
+    /// Wraps a freshly accepted connection: its first header's clock starts now.
+    pub fn new(inner: Stream, limits: ClientLimits, metrics: ConnectionMetrics) -> GuardedStream {
+        GuardedStream {
+            inner,
+            limits,
+            phase: AtomicU8::new(Phase::Header as u8),
+            armed: Phase::Header,
+            timer: Box::pin(tokio::time::sleep(limits.header)),
+            header_bytes: 0,
+            metrics,
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// Re-arms the timer when the phase changed since the last poll.
+    fn arm(&mut self, phase: Phase) {
+        if phase == self.armed {
+            return;
+        }
+        self.armed = phase;
+        let limit = match phase {
+            Phase::Header => {
+                self.header_bytes = 0;
+                self.limits.header
+            }
+            Phase::Idle => self.limits.idle,
+            Phase::Active => return,
+        };
+        self.timer.as_mut().reset(Instant::now() + limit);
+    }
+
+    /// The answer to a read whose deadline passed: a quiet end for an idle connection, an
+    /// error for a header cut short.
+    fn expired(&self, phase: Phase) -> Poll<io::Result<()>> {
+        match phase {
+            Phase::Idle => {
+                self.metrics.closed(ClientTimeout::Idle);
+                Poll::Ready(Ok(()))
+            }
+            _ => {
+                self.metrics.closed(ClientTimeout::Header);
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "request header not received within {:?}",
+                        self.limits.header
+                    ),
+                )))
+            }
+        }
+    }
+}
+
+/// The guarded stream under `session`, when it has one (HTTP/1 on a gpulb listener).
+fn guarded(session: &Session) -> Option<&GuardedStream> {
+    session
+        .as_downstream()
+        .stream()
+        .and_then(|s| s.as_any().downcast_ref::<GuardedStream>())
+}
+
+/// The request header of `session` is in: no header deadline until the response is done.
+pub fn mark_active(session: &Session) {
+    if let Some(stream) = guarded(session) {
+        stream.set_phase(Phase::Active);
+    }
+}
+
+/// The exchange on `session` is over: the connection may idle for `client_idle`.
+pub fn mark_idle(session: &Session) {
+    if let Some(stream) = guarded(session) {
+        stream.set_phase(Phase::Idle);
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let phase = Phase::from_u8(this.phase.load(Ordering::Acquire));
+        this.arm(phase);
+        if phase == Phase::Header && this.header_bytes >= this.limits.max_header_bytes {
+            this.metrics.closed(ClientTimeout::HeaderTooLarge);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "request header over limits.max_header_bytes ({})",
+                    this.limits.max_header_bytes
+                ),
+            )));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled().len() - before;
+                if phase == Phase::Idle && read > 0 {
+                    // The next request has begun: its header's clock starts now.
+                    this.set_phase(Phase::Header);
+                    this.arm(Phase::Header);
+                }
+                if this.armed == Phase::Header {
+                    this.header_bytes += read;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if phase != Phase::Active => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => this.expired(phase),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for GuardedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for GuardedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for GuardedStream {
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for GuardedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for GuardedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for GuardedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for GuardedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}

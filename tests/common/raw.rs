@@ -1,0 +1,96 @@
+//! Raw TCP clients for the abuse tests: requests written byte by byte as a hostile or careless
+//! client would, and the proxy's answer read back with a bound on every wait.
+
+use super::WAIT;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A raw connection to a proxy.
+pub struct Raw(pub TcpStream);
+
+/// What came back on a raw connection: the status (0 when the connection closed without an
+/// answer) and the whole text received.
+#[derive(Debug)]
+pub struct RawAnswer {
+    /// The status line's code, or 0.
+    pub status: u16,
+    /// Everything received, lossy UTF-8.
+    pub text: String,
+}
+
+impl Raw {
+    /// Connects to `url` (`http://127.0.0.1:PORT`).
+    pub async fn connect(url: &str) -> Raw {
+        let addr = url.trim_start_matches("http://");
+        Raw(TcpStream::connect(addr).await.expect("connect to proxy"))
+    }
+
+    /// Writes `bytes` as they are.
+    pub async fn send(&mut self, bytes: impl AsRef<[u8]>) {
+        self.0
+            .write_all(bytes.as_ref())
+            .await
+            .expect("write to proxy");
+    }
+
+    /// Reads until the connection closes, or one response whose `Content-Length` body is
+    /// complete has arrived, or `limit` passes.
+    pub async fn answer_within(&mut self, limit: Duration) -> RawAnswer {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 8192];
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                match self.0.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                if complete(&got) {
+                    break;
+                }
+            }
+        })
+        .await;
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let status = text
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        RawAnswer { status, text }
+    }
+
+    /// [`Raw::answer_within`] the usual bound.
+    pub async fn answer(&mut self) -> RawAnswer {
+        self.answer_within(WAIT).await
+    }
+
+    /// Whether the proxy closed the connection within `limit` (reads until EOF or reset).
+    pub async fn closed_within(&mut self, limit: Duration) -> bool {
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(limit, async {
+            loop {
+                match self.0.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+/// Whether `got` holds a whole response with a `Content-Length` body.
+fn complete(got: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(got);
+    let Some(end) = text.find("\r\n\r\n") else {
+        return false;
+    };
+    let length = text[..end].lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    length.is_some_and(|n| got.len() >= end + 4 + n)
+}
