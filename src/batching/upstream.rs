@@ -47,7 +47,7 @@ pub async fn post(
     let mut request = client
         .post(format!("http://{addr}{path}"))
         .header(http::header::CONTENT_TYPE, "application/json")
-        .timeout(timeouts.read)
+        .timeout(timeouts.first_byte() + timeouts.idle())
         .body(body);
     if let Some(value) = authorization {
         request = request.header(http::header::AUTHORIZATION, value.clone());

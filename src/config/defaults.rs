@@ -38,8 +38,13 @@ pub(crate) fn request_id_header() -> String {
 pub(crate) fn connect_timeout() -> Duration {
     Duration::from_secs(2)
 }
-pub(crate) fn read_timeout() -> Duration {
+/// A model server may queue a request and prefill a long prompt before its first token.
+pub(crate) fn first_byte_timeout() -> Duration {
     Duration::from_secs(300)
+}
+/// A stream silent this long mid-response is hung (nginx's `proxy_read_timeout` is 60s).
+pub(crate) fn idle_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 pub(crate) fn write_timeout() -> Duration {
     Duration::from_secs(30)

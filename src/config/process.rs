@@ -106,10 +106,16 @@ pub struct Timeouts {
     /// Longest wait for a TCP connection to a backend.
     #[serde(default = "defaults::connect_timeout", with = "duration")]
     pub connect: Duration,
-    /// Longest silence while reading from a backend: bounds the time to the response's first
-    /// byte and every gap between streamed chunks (pingora applies one per-read timeout).
-    #[serde(default = "defaults::read_timeout", with = "duration")]
-    pub read: Duration,
+    /// Longest wait from the request sent to the response's first body byte (the first token
+    /// when streaming); `read` when unset, else 300s.
+    #[serde(default, with = "duration::option")]
+    pub first_byte: Option<Duration>,
+    /// Longest silence between two body chunks of a response; `read` when unset, else 60s.
+    #[serde(default, with = "duration::option")]
+    pub idle: Option<Duration>,
+    /// Both of the above at once, as one per-read timeout (the key before they were split).
+    #[serde(default, with = "duration::option")]
+    pub read: Option<Duration>,
     /// Longest wait for one write of the request to a backend.
     #[serde(default = "defaults::write_timeout", with = "duration")]
     pub write: Duration,
@@ -129,11 +135,35 @@ pub struct Timeouts {
     pub client_idle: Duration,
 }
 
+impl Timeouts {
+    /// `first_byte` in force.
+    pub fn first_byte(&self) -> Duration {
+        self.first_byte
+            .or(self.read)
+            .unwrap_or_else(defaults::first_byte_timeout)
+    }
+
+    /// `idle` in force.
+    pub fn idle(&self) -> Duration {
+        self.idle
+            .or(self.read)
+            .unwrap_or_else(defaults::idle_timeout)
+    }
+
+    /// Whether the two are one per-read timeout, as pingora applies it on its own: `read`
+    /// alone, or both set equal.
+    pub fn per_read(&self) -> bool {
+        self.first_byte() == self.idle()
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
             connect: defaults::connect_timeout(),
-            read: defaults::read_timeout(),
+            first_byte: None,
+            idle: None,
+            read: None,
             write: defaults::write_timeout(),
             upstream_keepalive: defaults::upstream_idle_timeout(),
             client_body: defaults::client_body_timeout(),

@@ -37,8 +37,24 @@ fn durations_parse_with_units() {
     let yaml = format!("{MINIMAL}\ntimeouts: {{connect: 250ms, read: 1m}}\nshutdown_timeout: 5s\n");
     let config = Config::from_yaml(&yaml).unwrap();
     assert_eq!(config.timeouts.connect, Duration::from_millis(250));
-    assert_eq!(config.timeouts.read, Duration::from_secs(60));
+    assert_eq!(config.timeouts.first_byte(), Duration::from_secs(60));
+    assert_eq!(config.timeouts.idle(), Duration::from_secs(60));
+    assert!(config.timeouts.per_read());
     assert_eq!(config.shutdown_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn first_byte_and_idle_default_apart_and_override_read() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.timeouts.first_byte(), Duration::from_secs(300));
+    assert_eq!(config.timeouts.idle(), Duration::from_secs(60));
+    assert!(!config.timeouts.per_read());
+    let yaml = format!("{MINIMAL}\ntimeouts: {{read: 1m, first_byte: 2m}}\n");
+    let config = Config::from_yaml(&yaml).unwrap();
+    assert_eq!(config.timeouts.first_byte(), Duration::from_secs(120));
+    assert_eq!(config.timeouts.idle(), Duration::from_secs(60));
+    let errors = errors_of(&format!("{MINIMAL}\ntimeouts: {{idle: 0s}}\n"));
+    assert!(errors[0].starts_with("timeouts.idle"), "{errors:?}");
 }
 
 #[test]

@@ -59,6 +59,8 @@ pub struct RequestCtx {
     pub(crate) tail: Option<bytes::BytesMut>,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
+    /// The current attempt's first-byte and idle deadlines, when they differ.
+    pub(crate) upstream_watch: Option<super::watch::UpstreamWatch>,
 }
 
 impl RequestCtx {

@@ -15,6 +15,7 @@ mod hygiene;
 mod intake;
 mod respond;
 mod tenant;
+mod watch;
 
 pub use ctx::RequestCtx;
 
@@ -184,7 +185,8 @@ impl ProxyHttp for Gpulb {
         let timeouts = &snapshot.config.timeouts;
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(timeouts.connect);
-        peer.options.read_timeout = Some(timeouts.read);
+        // pingora's one per-read timeout: the larger of the two; `watch` enforces both.
+        peer.options.read_timeout = Some(timeouts.first_byte().max(timeouts.idle()));
         peer.options.write_timeout = Some(timeouts.write);
         peer.options.idle_timeout = Some(timeouts.upstream_keepalive);
         Ok(Box::new(peer))
@@ -211,6 +213,22 @@ impl ProxyHttp for Gpulb {
             e.set_retry(true);
         }
         e
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let timeouts = ctx.snapshot.as_ref().map(|s| &s.config.timeouts);
+        ctx.upstream_watch = timeouts
+            .filter(|t| !t.per_read())
+            .and_then(|t| watch::UpstreamWatch::start(fd, t.first_byte(), t.idle()));
+        Ok(())
     }
 
     async fn upstream_request_filter(
@@ -280,7 +298,11 @@ impl ProxyHttp for Gpulb {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let failure = ctx.failure.take().or_else(|| ProxyError::from_pingora(e));
+        let expired = ctx.upstream_watch.as_ref().and_then(|w| w.expired());
+        let failure = match expired {
+            Some(expired) => Some(ProxyError::UpstreamTimeout(expired.to_string())),
+            None => ctx.failure.take().or_else(|| ProxyError::from_pingora(e)),
+        };
         let failure = blame::client_or_backend(session, e, failure, ctx.snapshot.as_deref());
         if failure == Some(ProxyError::ClientGone) {
             ctx.failure = failure;
@@ -335,7 +357,23 @@ impl ProxyHttp for Gpulb {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         body::replay(ctx.held_body.as_ref(), body);
+        if let Some(watch) = &ctx.upstream_watch {
+            watch.request_sent();
+        }
         Ok(())
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if let Some(watch) = &ctx.upstream_watch {
+            watch.received(body.as_ref().is_some_and(|b| !b.is_empty()), end_of_stream);
+        }
+        Ok(None)
     }
 
     fn response_body_filter(
@@ -345,8 +383,12 @@ impl ProxyHttp for Gpulb {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
-        if ctx.first_body_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
+        let non_empty = body.as_ref().is_some_and(|b| !b.is_empty());
+        if ctx.first_body_byte.is_none() && non_empty {
             ctx.first_body_byte = Some(Instant::now());
+        }
+        if let Some(watch) = &ctx.upstream_watch {
+            watch.forwarded(non_empty);
         }
         if let (Some(_), Some(chunk)) = (&ctx.facts, body.as_ref()) {
             keep_tail(ctx.tail.get_or_insert_with(Default::default), chunk);
@@ -359,6 +401,7 @@ impl ProxyHttp for Gpulb {
         crate::connections::mark_idle(session);
         // Release now rather than when pingora drops the context; `Drop` covers the paths
         // (shutdown, cancelled futures) where this hook never runs.
+        ctx.upstream_watch = None;
         ctx.lease = None;
         ctx.class_slot = None;
         ctx.tenant_slot = None;

@@ -134,7 +134,8 @@ impl Config {
         let t = &self.timeouts;
         for (name, value) in [
             ("connect", t.connect),
-            ("read", t.read),
+            ("first_byte", t.first_byte()),
+            ("idle", t.idle()),
             ("write", t.write),
             ("upstream_keepalive", t.upstream_keepalive),
             ("client_body", t.client_body),
@@ -143,6 +144,11 @@ impl Config {
         ] {
             report.check(!value.is_zero(), format!("timeouts.{name}"), "must be > 0");
         }
+        report.check(
+            t.read.is_none_or(|read| !read.is_zero()),
+            "timeouts.read",
+            "must be > 0",
+        );
         report.check(
             !self.reload.timeout.is_zero(),
             "reload.timeout",
