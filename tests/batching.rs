@@ -219,25 +219,31 @@ async fn a_lone_request_waits_for_company_at_most_max_wait() {
 }
 
 #[tokio::test]
-async fn with_a_backend_slot_free_a_batch_goes_at_once() {
+async fn with_a_backend_slot_free_a_request_goes_alone_at_once() {
     let workers = embedders(1).await;
     let config = "{max_batch: 32, max_wait: 5s, send_when_idle: true}";
     let proxy = Proxy::start(batching(&workers, config)).await;
+    let started = std::time::Instant::now();
     for i in 0..3 {
         let answer = proxy
             .send(&embed(json!({"model": "e", "input": format!("lone {i}")})))
             .await;
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a lone request waited out the 5 s max_wait"
+    );
     assert_eq!(calls_and_items(&workers), (3, 3));
     let page = proxy.metrics().await;
-    let bucket = |le: &str| {
-        let series =
-            format!(r#"gpulb_batch_assembly_delay_seconds_bucket{{class="default",le="{le}"}}"#);
-        metric(&page, &series)
+    let requests = |mode: &str| {
+        metric(
+            &page,
+            &format!(r#"gpulb_batching_requests_total{{class="default",mode="{mode}"}}"#),
+        )
     };
-    assert_eq!(bucket("+Inf"), 3.0);
-    assert_eq!(bucket("1"), 3.0, "none waited out its 5 s max_wait");
+    assert_eq!(requests("unbatched"), 3.0, "each went alone: {page}");
+    assert_eq!(requests("batched"), 0.0);
 }
 
 #[tokio::test]

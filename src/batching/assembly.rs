@@ -273,6 +273,11 @@ impl OpenBatches {
         }
     }
 
+    /// Whether a batch of `key` under `generation` is taking members now.
+    pub fn is_open(&self, generation: u64, key: &str) -> bool {
+        self.lock().contains_key(&(generation, key.to_string()))
+    }
+
     /// Batches taking members now.
     pub fn open_count(&self) -> usize {
         self.lock().len()

@@ -19,8 +19,9 @@ pub struct BatchingConfig {
     /// no limit beyond `max_batch`.
     #[serde(default)]
     pub max_batch_tokens: Option<u64>,
-    /// Send a batch at once, whatever it holds, when a backend slot is free as it opens (it
-    /// then waits for nothing); `false`: every batch waits `max_wait` or until full.
+    /// A request that finds a backend slot free and no batch forming goes alone, unbatched,
+    /// and a batch that opens while a slot is free is sent at once; `false`: every batchable
+    /// request joins a batch, and every batch waits `max_wait` or until full.
     #[serde(default = "defaults::batch_send_when_idle")]
     pub send_when_idle: bool,
 }

@@ -184,7 +184,7 @@ impl Metrics {
         let batching = counter(
             &r,
             "gpulb_batching_requests_total",
-            "Requests of classes that batch, by class and mode: batched (answered from a batch) or unbatched (sent alone: streaming, another path, too large, or not mergeable).",
+            "Requests of classes that batch, by class and mode: batched (answered from a batch) or unbatched (sent alone: a backend slot was free and no batch forming, streaming, another path, too large, or not mergeable).",
             &["class", "mode"],
         );
         let auth_failures = register(

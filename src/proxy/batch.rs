@@ -50,10 +50,17 @@ pub async fn batch(
     let Some(settings) = snapshot.config.classes[ctx.class].batching else {
         return Ok(false);
     };
-    let (Some(metrics), Some(input)) = (
-        ctx.class_metrics.clone(),
-        batchable(session, ctx, &settings),
-    ) else {
+    let class = &snapshot.classes[ctx.class];
+    let batched = batchable(session, ctx, &settings).filter(|input| {
+        // A backend slot free and no batch forming: waiting for company would only add
+        // latency, so the request goes alone, as if its class did not batch. Batches form
+        // when the backends are busy, which is when they pay.
+        let idle = settings.send_when_idle
+            && !class.state.batches.is_open(snapshot.generation, &input.key)
+            && snapshot.has_room(ctx.class, &ctx.demand.route);
+        !idle
+    });
+    let (Some(metrics), Some(input)) = (ctx.class_metrics.clone(), batched) else {
         if let Some(metrics) = &ctx.class_metrics {
             metrics.batching_request(false);
         }
@@ -66,7 +73,6 @@ pub async fn batch(
         body: ctx.held_body.clone().unwrap_or_default(),
         reply,
     };
-    let class = &snapshot.classes[ctx.class];
     let joined = class
         .state
         .batches
