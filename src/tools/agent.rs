@@ -37,21 +37,7 @@ pub struct AgentOptions {
     pub gpus: Vec<GpuSelector>,
 }
 
-/// Why the agent could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The async runtime could not start.
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
-}
+pub use super::ServeError as AgentError;
 
 /// Where the agent's readings come from (NVML in production, a fake in tests).
 pub trait GpuSource: Send + Sync + 'static {

@@ -7,6 +7,22 @@ pub mod probe;
 pub mod sim;
 pub mod sim_serve;
 
+/// Why a tool's server (`gpulb sim`, `gpulb agent`) could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The async runtime could not start.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
 /// Waits for SIGTERM or Ctrl-C (SIGINT).
 pub(crate) async fn until_stopped() {
     #[cfg(unix)]

@@ -24,21 +24,7 @@ pub struct SimOptions {
     pub gpu_index: u32,
 }
 
-/// Why the worker could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The async runtime could not start.
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
-}
+pub use super::ServeError as SimError;
 
 impl SimOptions {
     fn profile(&self) -> WorkerProfile {
