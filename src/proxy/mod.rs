@@ -182,7 +182,7 @@ impl ProxyHttp for Gpulb {
             return Error::e_explain(ErrorType::HTTPStatus(503), "backend has no address");
         };
         let timeouts = &snapshot.config.timeouts;
-        let mut peer = HttpPeer::new(addr, false, String::new());
+        let mut peer = crate::tls::http_peer(addr, &backend.upstream);
         peer.options.connection_timeout = Some(timeouts.connect);
         peer.options.read_timeout = Some(timeouts.read);
         peer.options.write_timeout = Some(timeouts.write);
