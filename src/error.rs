@@ -35,6 +35,10 @@ pub enum ProxyError {
     /// [`ProxyError::naming_backend`] replaces it with the backend's configured name.
     #[error("could not connect to backend {0}")]
     UpstreamUnreachable(String),
+    /// The TLS handshake with an https backend failed: its certificate is not trusted (or does
+    /// not name its host), or it does not speak TLS. Named like [`ProxyError::UpstreamUnreachable`].
+    #[error("TLS handshake with backend {0} failed: its certificate is not trusted by this gpulb's tls settings, or it does not speak TLS")]
+    UpstreamTls(String),
     /// The backend went silent for longer than the read timeout.
     #[error("backend {0} timed out")]
     UpstreamTimeout(String),
@@ -89,7 +93,9 @@ impl ProxyError {
         match self {
             ProxyError::NoBackendAvailable { .. } => 503,
             ProxyError::Shed { reason, .. } => reason.status(),
-            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => 502,
+            ProxyError::UpstreamUnreachable(_)
+            | ProxyError::UpstreamTls(_)
+            | ProxyError::UpstreamFailed(_) => 502,
             ProxyError::UpstreamTimeout(_) => 504,
             ProxyError::BadRequest(_) | ProxyError::InvalidBody(_) => 400,
             ProxyError::ModelNotFound { .. } => 404,
@@ -108,6 +114,7 @@ impl ProxyError {
             ProxyError::NoBackendAvailable { .. } => "no_backend_available",
             ProxyError::Shed { reason, .. } => reason.as_str(),
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamTls(_) => "upstream_tls_failed",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::UpstreamFailed(_) => "upstream_failed",
             ProxyError::BadRequest(_) => "bad_request",
@@ -184,6 +191,7 @@ impl ProxyError {
         let name = format!("{name:?}");
         match self {
             ProxyError::UpstreamUnreachable(_) => ProxyError::UpstreamUnreachable(name),
+            ProxyError::UpstreamTls(_) => ProxyError::UpstreamTls(name),
             ProxyError::UpstreamTimeout(_) => ProxyError::UpstreamTimeout(name),
             ProxyError::UpstreamFailed(_) => ProxyError::UpstreamFailed(name),
             other => other,
@@ -215,6 +223,9 @@ impl ProxyError {
                 | ErrorType::SocketError
                 | ErrorType::BindError,
             ) => ProxyError::UpstreamUnreachable(detail),
+            (ErrorSource::Upstream, ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert) => {
+                ProxyError::UpstreamTls(detail)
+            }
             (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::WriteTimedout) => {
                 ProxyError::UpstreamTimeout(detail)
             }

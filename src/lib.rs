@@ -19,7 +19,8 @@
 //! values), [`discovery`] (backends found by DNS), [`health`] and [`telemetry`] (what is
 //! known of each backend), [`tasks`] (the
 //! background loops that keep those current), [`reload`] (swap a new config in while traffic
-//! flows) and [`server`] (assembles it all). [`tools`] holds the simulated GPU worker, the demo
+//! flows), [`tls`] (the listener's certificate and https backends) and [`server`] (assembles
+//! it all). [`tools`] holds the simulated GPU worker, the demo
 //! fleet and the NVML agent.
 
 pub mod access_log;
@@ -44,5 +45,6 @@ pub mod routing;
 pub mod server;
 pub mod tasks;
 pub mod telemetry;
+pub mod tls;
 pub mod tools;
 pub mod view;

@@ -10,6 +10,7 @@ use crate::proxy::Gpulb;
 use crate::reload::{text_hash, ReloadService, Reloader};
 use crate::routing::Registry;
 use crate::tasks::{Dispatcher, HealthChecks, ModelDiscovery, PerBackend, TelemetryPolling};
+use crate::tls::CertResolver;
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::server::configuration::ServerConf;
@@ -40,6 +41,9 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The client listener's TLS settings could not be built.
+    #[error("cannot set up TLS on the proxy listener: {0}")]
+    Tls(String),
     /// An HTTP client for health checks or model discovery could not be built.
     #[error("cannot build an HTTP client for health checks or model discovery: {0}")]
     Client(String),
@@ -92,6 +96,13 @@ pub fn build_server(
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let listen = config.listen;
+    // With `listen_tls`, validation has read its files; the resolver serves them and takes
+    // the files each reload reads.
+    let listener_cert = config
+        .compiled
+        .listener_cert
+        .as_ref()
+        .map(|cert| Arc::new(CertResolver::new(cert)));
     let admin = config.admin.clone();
     let threads = config.threads;
     let reload_conf = config.reload.clone();
@@ -101,11 +112,10 @@ pub fn build_server(
     let reloader = match source {
         Source::File(path) => {
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            Some(Arc::new(Reloader::new(
-                &path,
-                text_hash(&text),
-                Arc::clone(&registry),
-            )))
+            Some(Arc::new(
+                Reloader::new(&path, text_hash(&text), Arc::clone(&registry))
+                    .with_listener_cert(listener_cert.clone()),
+            ))
         }
         Source::Builtin => None,
     };
@@ -160,7 +170,14 @@ pub fn build_server(
     // Client connections are capped and given deadlines below HTTP (connections/).
     let guarded = GuardedApp::new(proxy_app, Arc::clone(&registry), Arc::clone(&metrics));
     let mut proxy = Service::new("gpulb proxy".to_string(), guarded);
-    proxy.add_listener(ListenerConfig::tcp(listen.to_string()).l4_buffer(CLIENT_BUFFERS));
+    let mut listener = ListenerConfig::tcp(listen.to_string()).l4_buffer(CLIENT_BUFFERS);
+    if let Some(resolver) = &listener_cert {
+        let settings = resolver
+            .listener_settings()
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        listener = listener.tls(settings);
+    }
+    proxy.add_listener(listener);
     proxy.threads = Some(threads);
     server.add_service(StopAccepting::new(proxy, lifecycle.proxy_listener()));
 
@@ -211,8 +228,13 @@ pub fn run(
     let listen = config.listen;
     let (drain_delay, timeout) = (config.drain_delay, config.shutdown_timeout);
     let lifecycle = Arc::new(Lifecycle::default());
+    let scheme = if config.listen_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let (server, registry) = build_server(config, source, Arc::clone(&lifecycle), &handover)?;
-    tracing::info!(%listen, "gpulb serving");
+    tracing::info!(%listen, scheme, "gpulb serving");
     let signals = shutdown.unwrap_or_else(|| Box::new(UnixShutdownSignalWatch));
     let args = RunArgs {
         shutdown_signal: Box::new(

@@ -74,6 +74,7 @@ fn start_poll(sources: Vec<SourceConfig>, backend_url: String) -> Poller {
     let task = tokio::spawn(poll(
         sources,
         backend_url,
+        None,
         sink.clone(),
         errors.clone(),
         proxied.clone(),
@@ -288,7 +289,7 @@ async fn scrape_errors_name_their_cause() {
         gpus: vec![],
     });
     assert_eq!(
-        scrape(&s, "").await,
+        scrape(&s, "", None).await,
         Err(TelemetryError::Status {
             url: format!("{}/nope", worker.url()),
             status: 404
@@ -300,7 +301,7 @@ async fn scrape_errors_name_their_cause() {
         gpus: vec![GpuSelector::Index(3)],
     });
     assert_eq!(
-        scrape(&s, "").await,
+        scrape(&s, "", None).await,
         Err(TelemetryError::GpuNotFound("3".into()))
     );
     // The wrong server kind: no series, not zeros.
@@ -308,7 +309,7 @@ async fn scrape_errors_name_their_cause() {
         server: ServerKind::Tgi,
         url: None,
     });
-    let e = scrape(&s, &worker.url()).await;
+    let e = scrape(&s, &worker.url(), None).await;
     assert!(matches!(e, Err(TelemetryError::NoSeries { .. })), "{e:?}");
     // A peer that accepts and never answers: the timeout.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -321,12 +322,12 @@ async fn scrape_errors_name_their_cause() {
         })
     };
     let started = Instant::now();
-    let e = scrape(&s, "").await;
+    let e = scrape(&s, "", None).await;
     assert!(matches!(e, Err(TelemetryError::Timeout { .. })), "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
     // Nothing listening: an HTTP error.
     drop(silent);
-    let e = scrape(&s, "").await;
+    let e = scrape(&s, "", None).await;
     assert!(
         matches!(
             e,
@@ -374,7 +375,9 @@ async fn agent_page_reads_back_through_the_dcgm_source() {
             GpuSelector::Index(0),
         ],
     });
-    let reading = scrape(&s, "").await.expect("agent page parses as dcgm");
+    let reading = scrape(&s, "", None)
+        .await
+        .expect("agent page parses as dcgm");
     let expected: Vec<GpuReading> = [&gpus[1], &gpus[0]]
         .iter()
         .map(|d| d.reading.clone())
@@ -406,7 +409,7 @@ async fn agent_without_gpus_answers_503_with_the_reason_and_no_values() {
     );
     let s = source_dcgm(addr);
     assert_eq!(
-        scrape(&s, "").await,
+        scrape(&s, "", None).await,
         Err(TelemetryError::Status {
             url: format!("http://{addr}/metrics"),
             status: 503

@@ -182,7 +182,18 @@ async fn send(
         };
         let timeouts = &snapshot.config.timeouts;
         let auth = job.authorization.as_ref();
-        match post(&job.client, addr, &job.path, body.clone(), auth, timeouts).await {
+        let upstream = &snapshot.backends[backend].upstream;
+        match post(
+            &job.client,
+            upstream,
+            addr,
+            &job.path,
+            body.clone(),
+            auth,
+            timeouts,
+        )
+        .await
+        {
             Ok(answer) => {
                 let outcome = match answer.status {
                     500..=599 => Err(AttemptFailure::ServerError(answer.status)),
@@ -260,9 +271,11 @@ async fn answer_members(job: &BatchJob, lease: Lease, answer: Answer, members: V
             };
             let timeouts = &job.snapshot.config.timeouts;
             let auth = job.authorization.as_ref();
+            let upstream = &job.snapshot.backends[lease.backend].upstream;
             let alone = members.iter().map(|m| {
                 post(
                     &job.client,
+                    upstream,
                     addr,
                     &job.path,
                     m.body.to_vec(),

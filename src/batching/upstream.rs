@@ -2,7 +2,7 @@
 //! sent alone): the body goes out whole, the answer comes back whole.
 
 use super::assembly::Answer;
-use crate::config::Timeouts;
+use crate::config::{Timeouts, Upstream};
 use crate::error::ProxyError;
 use crate::health::AttemptFailure;
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -35,17 +35,25 @@ pub fn client(timeouts: &Timeouts) -> reqwest::Client {
         .unwrap_or_default()
 }
 
-/// POSTs `body` as JSON to `path` on the backend at `addr`, with the client's `authorization`.
+/// POSTs `body` as JSON to `path` on backend `upstream` at `addr` (with `client`, or over TLS
+/// as its `tls` keys say), with the client's `authorization`.
 pub async fn post(
     client: &reqwest::Client,
+    upstream: &Upstream,
     addr: SocketAddr,
     path: &str,
     body: Vec<u8>,
     authorization: Option<&HeaderValue>,
     timeouts: &Timeouts,
 ) -> Result<Answer, CallFailed> {
-    let mut request = client
-        .post(format!("http://{addr}{path}"))
+    let target = crate::tls::target(upstream, addr, client).map_err(|detail| CallFailed {
+        connect: true,
+        attempt: AttemptFailure::Connect(detail.clone()),
+        error: ProxyError::UpstreamUnreachable(detail),
+    })?;
+    let mut request = target
+        .client
+        .post(format!("{}{path}", target.base))
         .header(http::header::CONTENT_TYPE, "application/json")
         .timeout(timeouts.first_byte() + timeouts.idle())
         .body(body);

@@ -1,7 +1,7 @@
 //! What validation compiles a config into: typed values (methods, header names, backend
 //! addresses) that the runtime uses as they are and never parses again.
 
-use super::{ApiKeys, CountRange, ModelPatterns};
+use super::{ApiKeys, CountRange, ModelPatterns, ServingCert, UpstreamTls};
 use http::{HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -19,6 +19,8 @@ pub struct Compiled {
     pub upstreams: Vec<Upstream>,
     /// Each class's `match`.
     pub class_rules: Vec<MatchRule>,
+    /// `listen_tls`'s certificate and key, read.
+    pub listener_cert: Option<ServingCert>,
 }
 
 impl Default for Compiled {
@@ -29,6 +31,7 @@ impl Default for Compiled {
             request_id_header: HeaderName::from_static("x-request-id"),
             upstreams: Vec::new(),
             class_rules: Vec::new(),
+            listener_cert: None,
         }
     }
 }
@@ -63,13 +66,15 @@ pub struct BodyRule {
     pub prompt_tokens: Option<CountRange>,
 }
 
-/// Where a backend listens: `http://host:port` parsed, not yet resolved.
+/// Where a backend listens: `http(s)://host:port` parsed, not yet resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Upstream {
     /// Host name or address literal (IPv6 in brackets).
     pub host: String,
-    /// TCP port (80 when the URL names none).
+    /// TCP port (80, or 443 for https, when the URL names none).
     pub port: u16,
+    /// How to speak TLS to it: `Some` for an `https://` URL.
+    pub tls: Option<UpstreamTls>,
 }
 
 /// Why a backend's name gave no address.
@@ -95,19 +100,23 @@ impl fmt::Display for Upstream {
 }
 
 impl Upstream {
-    /// Parses a backend URL of the form `http://host[:port][/]`; the message names the problem.
+    /// Parses a backend URL of the form `http[s]://host[:port][/]`; the message names the
+    /// problem. An https backend's certificate is checked against the system's roots until
+    /// its `tls` keys say otherwise.
     pub fn parse(url: &str) -> Result<Upstream, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            if url.starts_with("https://") {
-                format!("{url:?}: https backends are not supported; use http://host:port")
-            } else {
-                format!("{url:?}: expected http://host:port")
-            }
-        })?;
+        let (rest, https, default_port) = if let Some(rest) = url.strip_prefix("http://") {
+            (rest, false, 80)
+        } else if let Some(rest) = url.strip_prefix("https://") {
+            (rest, true, 443)
+        } else {
+            return Err(format!(
+                "{url:?}: expected http://host:port or https://host:port"
+            ));
+        };
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
             return Err(format!(
-                "{url:?}: expected http://host:port with no path, query or credentials"
+                "{url:?}: expected http(s)://host:port with no path, query or credentials"
             ));
         }
         let (host, port) = match authority.rsplit_once(':') {
@@ -117,14 +126,20 @@ impl Upstream {
                     .map_err(|_| format!("{url:?}: {port:?} is not a port number"))?;
                 (host, port)
             }
-            _ => (authority, 80),
+            _ => (authority, default_port),
         };
         if host.is_empty() {
-            return Err(format!("{url:?}: expected http://host:port"));
+            return Err(format!("{url:?}: expected http(s)://host:port"));
         }
+        let tls = https.then(|| UpstreamTls {
+            server_name: host.trim_matches(['[', ']']).to_string(),
+            verify: super::defaults::backend_tls_verify(),
+            ca: None,
+        });
         Ok(Upstream {
             host: host.to_string(),
             port,
+            tls,
         })
     }
 

@@ -23,6 +23,10 @@ pub(crate) fn discovered_name() -> String {
 pub(crate) fn listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
 }
+/// Whether an https backend's certificate is checked when its `tls.verify` is not set.
+pub(crate) fn backend_tls_verify() -> bool {
+    true
+}
 pub(crate) fn threads() -> usize {
     2
 }

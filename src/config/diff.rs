@@ -8,6 +8,19 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
     let mut changes = Vec::new();
     for (key, restart, changed) in [
         ("listen", true, old.listen != new.listen),
+        // TLS on or off needs a new listener; other files are read again on reload.
+        (
+            "listen_tls",
+            true,
+            old.listen_tls.is_some() != new.listen_tls.is_some(),
+        ),
+        (
+            "listen_tls",
+            false,
+            old.listen_tls.is_some()
+                && new.listen_tls.is_some()
+                && old.listen_tls != new.listen_tls,
+        ),
         ("threads", true, old.threads != new.threads),
         ("admin", true, old.admin != new.admin),
         ("timeouts", false, old.timeouts != new.timeouts),

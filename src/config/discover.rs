@@ -119,6 +119,7 @@ impl DiscoverConfig {
             health_check: template.health_check.clone(),
             telemetry,
             models: template.models.clone(),
+            tls: None,
         }
     }
 }
@@ -279,7 +280,7 @@ pools:
         for field in ["discover.dns", "discover.name", "discover.interval"] {
             assert!(errors.contains(&format!("pools[0].{field}")), "{errors}");
         }
-        let bad = FILE.replace("'http://{ip}:9400/metrics'", "'https://{ip}:9400/metrics'");
+        let bad = FILE.replace("'http://{ip}:9400/metrics'", "'ftp://{ip}:9400/metrics'");
         let errors = Config::from_yaml(&bad).unwrap_err().to_string();
         assert!(errors.contains("discovered backend"), "{errors}");
         // A pool without discovery still needs a backend.

@@ -15,6 +15,7 @@ mod process;
 mod request;
 mod telemetry;
 mod tenants;
+mod tls;
 mod validate;
 
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
@@ -32,6 +33,7 @@ pub use request::{
 };
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
 pub use tenants::{ApiKeys, TenantSource, TenantsConfig};
+pub use tls::{BackendTls, CaBundle, CertError, CertFile, ListenTls, ServingCert, UpstreamTls};
 pub use validate::{ConfigError, ConfigErrors, TokenError};
 
 use serde::{Deserialize, Serialize};
@@ -47,6 +49,10 @@ pub struct Config {
     /// Address the proxy listens on for client traffic.
     #[serde(default = "defaults::listen")]
     pub listen: SocketAddr,
+    /// Serve HTTPS on `listen` with this certificate; absent means plain HTTP. Turning it on
+    /// or off takes a restart; the files are read again on every reload.
+    #[serde(default)]
+    pub listen_tls: Option<ListenTls>,
     /// Worker threads of the proxy's runtime.
     #[serde(default = "defaults::threads")]
     pub threads: usize,
@@ -126,8 +132,11 @@ pub struct Config {
 pub struct BackendConfig {
     /// Unique name; live state (outstanding counts) is kept by name across reloads.
     pub name: String,
-    /// `http://host:port` of the worker.
+    /// `http://host:port` or `https://host:port` of the worker.
     pub url: String,
+    /// How an `https://` backend's certificate is checked (over its pool's `tls`).
+    #[serde(default)]
+    pub tls: Option<BackendTls>,
     /// Relative capacity: a weight-2 backend is given twice the outstanding requests.
     #[serde(default = "defaults::weight")]
     pub weight: u32,
@@ -160,6 +169,10 @@ pub struct PoolConfig {
     /// Backends found by DNS, added to `backends` while their records last.
     #[serde(default)]
     pub discover: Option<DiscoverConfig>,
+    /// How the certificates of this pool's `https://` backends are checked, where a backend
+    /// does not say.
+    #[serde(default)]
+    pub tls: Option<BackendTls>,
 }
 
 /// A class of requests: which requests belong to it, where they go, and its limits.
@@ -313,6 +326,7 @@ impl Config {
                 backends: self.backends.iter().map(|b| b.name.clone()).collect(),
                 guards: Guards::default(),
                 discover: None,
+                tls: None,
             });
         }
         if self.classes.is_empty() && self.pools.len() == 1 {
@@ -352,3 +366,5 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

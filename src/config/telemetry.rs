@@ -173,10 +173,10 @@ impl SourceConfig {
             SourceKind::Nvml { .. } => None,
         };
         match url {
-            // reqwest is built without TLS.
-            Some(u) if !u.starts_with("http://") => {
-                Err(error("url", format!("{u:?} must start with http://")))
-            }
+            Some(u) if !u.starts_with("http://") && !u.starts_with("https://") => Err(error(
+                "url",
+                format!("{u:?} must start with http:// or https://"),
+            )),
             _ => Ok(()),
         }
     }

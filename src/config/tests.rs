@@ -10,7 +10,8 @@ backends:
     url: http://127.0.0.1:9002/
 ";
 
-fn errors_of(yaml: &str) -> Vec<String> {
+/// Every validation error of `yaml`, as printed (empty when it loads).
+pub(super) fn errors_of(yaml: &str) -> Vec<String> {
     match Config::from_yaml(yaml) {
         Err(LoadError::Invalid(errors)) => errors.0.iter().map(ToString::to_string).collect(),
         Err(other) => vec![other.to_string()],
@@ -80,7 +81,7 @@ fn every_validation_error_is_reported_with_its_path() {
 threads: 0
 backends:
   - name: gpu0
-    url: https://127.0.0.1:9001
+    url: ftp://127.0.0.1:9001
     weight: 0
   - name: gpu0
     url: http://127.0.0.1:9002/v1
@@ -100,10 +101,10 @@ default_class: nope
     let errors = errors_of(yaml);
     let expected = [
         "threads: must be between 1 and 1024",
-        "backends[0].url: \"https://127.0.0.1:9001\": https backends are not supported; use http://host:port",
+        "backends[0].url: \"ftp://127.0.0.1:9001\": expected http://host:port or https://host:port",
         "backends[0].weight: must be >= 1",
         "backends[1].name: duplicate backend name \"gpu0\"",
-        "backends[1].url: \"http://127.0.0.1:9002/v1\": expected http://host:port with no path, query or credentials",
+        "backends[1].url: \"http://127.0.0.1:9002/v1\": expected http(s)://host:port with no path, query or credentials",
         "pools[0].backends[1]: unknown backend \"gpu9\"",
         "pools[1].backends: a pool needs at least one backend",
         "classes[0].match.path_prefix: must start with '/'",

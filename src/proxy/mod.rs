@@ -183,7 +183,7 @@ impl ProxyHttp for Gpulb {
             return Error::e_explain(ErrorType::HTTPStatus(503), "backend has no address");
         };
         let timeouts = &snapshot.config.timeouts;
-        let mut peer = HttpPeer::new(addr, false, String::new());
+        let mut peer = crate::tls::http_peer(addr, &backend.upstream);
         peer.options.connection_timeout = Some(timeouts.connect);
         // pingora's one per-read timeout: the larger of the two; `watch` enforces both.
         peer.options.read_timeout = Some(timeouts.first_byte().max(timeouts.idle()));
@@ -259,7 +259,8 @@ impl ProxyHttp for Gpulb {
             );
             upstream_request.insert_header("x-forwarded-for", chain)?;
         }
-        upstream_request.insert_header("x-forwarded-proto", "http")?;
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        upstream_request.insert_header("x-forwarded-proto", if tls { "https" } else { "http" })?;
         Ok(())
     }
 

@@ -8,13 +8,18 @@
 //! of its own, holding no lock that `/status` or `/metrics` need; only the swap itself (no I/O)
 //! happens after it. A reload that takes longer than `reload.timeout` is abandoned: nothing of
 //! it is applied, and it is logged, counted and shown in `/status`.
+//!
+//! With `listen_tls`, every reload reads its certificate and key files again, even when the
+//! config text is unchanged (a renewed certificate is the usual reason to reload): a file that
+//! does not serve refuses the reload, and the certificate in force keeps serving.
 
 mod triggers;
 
 pub use triggers::ReloadService;
 
-use crate::config::{describe_changes, Config};
+use crate::config::{describe_changes, Config, ListenTls, ServingCert};
 use crate::routing::{resolve_backends, Registry, Resolved};
+use crate::tls::CertResolver;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -90,12 +95,14 @@ pub struct Reloader {
     state: Mutex<ReloadStatus>,
     /// Serializes reloads; `/status` never waits on it.
     turn: Mutex<()>,
+    /// The proxy listener's certificate, when it serves TLS.
+    listener_cert: Option<Arc<CertResolver>>,
 }
 
 /// A config file read, parsed, validated and resolved, ready to swap in.
 enum Prepared {
-    /// The text in force already.
-    Unchanged,
+    /// The text in force already; the listener's certificate files read again, when it has one.
+    Unchanged { cert: Option<ServingCert> },
     /// A new valid config.
     New {
         config: Box<Config>,
@@ -113,12 +120,19 @@ pub fn text_hash(text: &str) -> String {
 }
 
 /// Reads, parses, validates and resolves the file at `path`: everything slow, no lock held.
-fn prepare(path: &Path, hash_in_force: &str) -> Result<Prepared, String> {
+/// `listen_tls` is the listener's certificate files in force, read again if the text is the same.
+fn prepare(
+    path: &Path,
+    hash_in_force: &str,
+    listen_tls: Option<ListenTls>,
+) -> Result<Prepared, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let hash = text_hash(&text);
     if hash == hash_in_force {
-        return Ok(Prepared::Unchanged);
+        let cert = listen_tls.map(|files| ServingCert::load(&files));
+        let cert = cert.transpose().map_err(|e| e.to_string())?;
+        return Ok(Prepared::Unchanged { cert });
     }
     let config = Config::from_yaml(&text).map_err(|e| e.to_string())?;
     let resolved = resolve_backends(&config);
@@ -140,7 +154,22 @@ impl Reloader {
                 ..ReloadStatus::default()
             }),
             turn: Mutex::new(()),
+            listener_cert: None,
         }
+    }
+
+    /// Has each reload replace `resolver`'s certificate (the proxy listener serves TLS).
+    pub fn with_listener_cert(mut self, resolver: Option<Arc<CertResolver>>) -> Self {
+        self.listener_cert = resolver;
+        self
+    }
+
+    /// Serves `cert` on the listener when it differs from the one in force: the change line.
+    fn swap_cert(&self, cert: Option<&ServingCert>) -> Option<String> {
+        let (resolver, cert) = (self.listener_cert.as_ref()?, cert?);
+        resolver
+            .replace(cert)
+            .then(|| "listen_tls certificate replaced".to_string())
     }
 
     fn state(&self) -> MutexGuard<'_, ReloadStatus> {
@@ -169,18 +198,31 @@ impl Reloader {
             let state = self.state();
             (state.path.clone(), state.hash.clone())
         };
+        let listen_tls = self
+            .listener_cert
+            .as_ref()
+            .and(current.config.listen_tls.clone());
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let spawned = std::thread::Builder::new()
             .name("gpulb-reload".into())
             .spawn(move || {
-                let _ = tx.send(prepare(&path, &hash_in_force));
+                let _ = tx.send(prepare(&path, &hash_in_force, listen_tls));
             });
         if let Err(e) = spawned {
             let error = format!("cannot start the reload thread: {e}");
             return self.reject(trigger, current.generation, error);
         }
         match rx.recv_timeout(limit) {
-            Ok(Ok(Prepared::Unchanged)) => {
+            Ok(Ok(Prepared::Unchanged { cert })) => {
+                if let Some(change) = self.swap_cert(cert.as_ref()) {
+                    let generation = current.generation;
+                    self.record_applied(None);
+                    tracing::info!(?trigger, generation, changes = %change, "config reloaded");
+                    return Outcome::Applied {
+                        generation,
+                        changes: vec![change],
+                    };
+                }
                 let mut state = self.state();
                 state.unchanged_total += 1;
                 state.last_error = None;
@@ -194,12 +236,11 @@ impl Reloader {
                 resolved,
                 hash,
             })) => {
-                let changes = describe_changes(&self.registry.file_config(), &config);
+                let mut changes = describe_changes(&self.registry.file_config(), &config);
+                let cert = config.compiled.listener_cert.clone();
                 let generation = self.registry.apply_resolved(*config, resolved);
-                let mut state = self.state();
-                state.hash = hash;
-                state.applied_total += 1;
-                state.last_error = None;
+                changes.extend(self.swap_cert(cert.as_ref()));
+                self.record_applied(Some(hash));
                 tracing::info!(?trigger, generation, changes = %changes.join("; "), "config reloaded");
                 Outcome::Applied {
                     generation,
@@ -209,6 +250,16 @@ impl Reloader {
             Ok(Err(error)) => self.reject(trigger, current.generation, error),
             Err(_) => self.abandon(trigger, current.generation, limit),
         }
+    }
+
+    /// Counts an applied reload; `hash` is the new text's, when the text changed.
+    fn record_applied(&self, hash: Option<String>) {
+        let mut state = self.state();
+        if let Some(hash) = hash {
+            state.hash = hash;
+        }
+        state.applied_total += 1;
+        state.last_error = None;
     }
 
     fn reject(&self, trigger: Trigger, generation: u64, error: String) -> Outcome {

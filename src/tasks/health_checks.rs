@@ -1,6 +1,7 @@
 //! Active health checks: one task per backend, each on its own interval. Each round resolves
 //! the backend's name again first, so a backend whose name did not resolve (or whose address
-//! changed) is picked up without a reload, as HAProxy's `init-addr none` does.
+//! changed) is picked up without a reload, as HAProxy's `init-addr none` does. An https
+//! backend is checked over TLS, trusting what its `tls` keys say.
 
 use super::{BackendLoop, Stop};
 use crate::config::{HealthCheck, ResolveError, Upstream};
@@ -31,14 +32,20 @@ pub struct CheckSpec {
     check: HealthCheck,
 }
 
-/// One GET of the health path on `addr`: Ok for a 2xx answer, else the cause.
+/// One GET of the health path of `upstream` at `addr`: Ok for a 2xx answer, else the cause.
 async fn check_once(
     client: &reqwest::Client,
+    upstream: &Upstream,
     addr: SocketAddr,
     check: &HealthCheck,
 ) -> Result<(), CheckFailure> {
-    let url = format!("http://{addr}{}", check.path);
-    match client.get(&url).timeout(check.timeout).send().await {
+    let target =
+        crate::tls::target(upstream, addr, client).map_err(|cause| CheckFailure::Other {
+            url: format!("{upstream}{}", check.path),
+            cause,
+        })?;
+    let url = format!("{}{}", target.base, check.path);
+    match target.client.get(&url).timeout(check.timeout).send().await {
         Ok(resp) if resp.status().is_success() => Ok(()),
         Ok(resp) => Err(CheckFailure::Status {
             url,
@@ -90,7 +97,7 @@ async fn check_loop(
         }
         if check.enabled {
             let result = match now_resolved {
-                Some(addr) => check_once(&client, addr, &check).await,
+                Some(addr) => check_once(&client, &upstream, addr, &check).await,
                 None => {
                     Err(CheckFailure::Unresolved(failure.unwrap_or_else(|| {
                         ResolveError::Empty(upstream.to_string())

@@ -1,8 +1,10 @@
 //! Model discovery: each backend without a configured model list is asked `GET /v1/models` on
 //! a cadence (vLLM, SGLang, TGI and llama.cpp all answer it), and its list replaced with the
-//! answer, so a model loaded or unloaded there is routed accordingly.
+//! answer, so a model loaded or unloaded there is routed accordingly (over TLS for an https
+//! backend).
 
 use super::{BackendLoop, Stop};
+use crate::config::Upstream;
 use crate::routing::{Backend, BackendState, ModelInfo, ModelList, ModelSource, Snapshot};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -23,11 +25,12 @@ impl ModelDiscovery {
     }
 }
 
-/// How often and how patiently a backend is asked.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// How often and how patiently a backend is asked, and where it listens.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Cadence {
     interval: Duration,
     timeout: Duration,
+    upstream: Upstream,
 }
 
 /// `GET /v1/models` as OpenAI-compatible servers answer it; other fields are ignored.
@@ -66,13 +69,15 @@ fn parse(body: &[u8]) -> Result<ModelList, serde_json::Error> {
 async fn discover_once(
     client: &reqwest::Client,
     state: &BackendState,
-    timeout: Duration,
+    cadence: &Cadence,
 ) -> Result<ModelList, String> {
     let addr = state.address.get().ok_or("its name does not resolve")?;
-    let url = format!("http://{addr}/v1/models");
-    let resp = client
+    let target = crate::tls::target(&cadence.upstream, addr, client)?;
+    let url = format!("{}/v1/models", target.base);
+    let resp = target
+        .client
         .get(&url)
-        .timeout(timeout)
+        .timeout(cadence.timeout)
         .send()
         .await
         .map_err(|e| format!("GET {url}: {e}"))?;
@@ -91,7 +96,7 @@ async fn discover_loop(
 ) {
     let mut failing = false;
     loop {
-        match discover_once(&client, &state, cadence.timeout).await {
+        match discover_once(&client, &state, &cadence).await {
             Ok(list) => {
                 if state.models.get().as_deref() != Some(&list) {
                     let ids: Vec<&str> = list.models.iter().map(|m| m.id.as_str()).collect();
@@ -125,9 +130,10 @@ impl BackendLoop for ModelDiscovery {
             .backends
             .iter()
             .any(|b| b.name == backend.state.name && b.models.is_some());
-        (models.discover && !configured).then_some(Cadence {
+        (models.discover && !configured).then(|| Cadence {
             interval: models.interval,
             timeout: models.timeout,
+            upstream: backend.upstream.clone(),
         })
     }
 
@@ -135,7 +141,7 @@ impl BackendLoop for ModelDiscovery {
         tokio::spawn(discover_loop(
             self.client.clone(),
             Arc::clone(&backend.state),
-            *spec,
+            spec.clone(),
             shutdown,
         ))
     }

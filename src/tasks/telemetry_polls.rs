@@ -20,22 +20,40 @@ impl TelemetryPolling {
 }
 
 impl BackendLoop for TelemetryPolling {
-    /// The backend's URL and its sources.
-    type Spec = (String, Vec<SourceConfig>);
+    /// The backend's URL and its sources (its URL's `tls` settings among them).
+    type Spec = (
+        String,
+        Vec<SourceConfig>,
+        Option<crate::config::UpstreamTls>,
+    );
 
     fn spec(&self, _snapshot: &Snapshot, backend: &Backend) -> Option<Self::Spec> {
-        (!backend.telemetry.is_empty()).then(|| (backend.url.clone(), backend.telemetry.clone()))
+        (!backend.telemetry.is_empty()).then(|| {
+            (
+                backend.url.clone(),
+                backend.telemetry.clone(),
+                backend.upstream.tls.clone(),
+            )
+        })
     }
 
     fn spawn(&self, backend: &Backend, spec: &Self::Spec, shutdown: Stop) -> JoinHandle<()> {
-        let (url, sources) = spec.clone();
+        let (url, sources, _) = spec.clone();
+        // An https backend's pages are read trusting what its `tls` keys say.
+        let client = backend.upstream.tls.as_ref().and_then(|tls| {
+            crate::tls::client_for(tls, None)
+                .inspect_err(|error| {
+                    tracing::warn!(backend = %backend.state.name, %error, "telemetry uses the system's roots");
+                })
+                .ok()
+        });
         let sink = Arc::clone(&backend.state.telemetry);
         let errors = Arc::clone(&backend.state.telemetry_errors);
         let target = Arc::new(Polled {
             registry: Arc::clone(&self.registry),
             state: Arc::clone(&backend.state),
         });
-        tokio::spawn(poll(sources, url, sink, errors, target, shutdown))
+        tokio::spawn(poll(sources, url, client, sink, errors, target, shutdown))
     }
 }
 

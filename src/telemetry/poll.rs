@@ -15,8 +15,13 @@ use super::{Reading, ServerSample, SourceConfig, SourceKind, Telemetry, Telemetr
 /// Largest metrics page read; vLLM's full page is a few hundred KiB.
 pub const MAX_BODY: usize = 8 << 20;
 
-/// Reads one source once, bounded by its timeout.
-pub async fn scrape(source: &SourceConfig, backend_url: &str) -> Result<Reading, TelemetryError> {
+/// Reads one source once, bounded by its timeout; HTTP sources with `client`, else the shared
+/// scraping client.
+pub async fn scrape(
+    source: &SourceConfig,
+    backend_url: &str,
+    client: Option<&reqwest::Client>,
+) -> Result<Reading, TelemetryError> {
     match &source.kind {
         SourceKind::Nvml { gpus } => {
             let gpus = gpus.clone();
@@ -31,23 +36,24 @@ pub async fn scrape(source: &SourceConfig, backend_url: &str) -> Result<Reading,
             }
         }
         SourceKind::Dcgm { url, gpus } => {
-            let text = fetch(url, source.timeout).await?;
+            let text = fetch(url, source.timeout, client).await?;
             dcgm::parse_dcgm(&text, gpus)
         }
         SourceKind::ModelServer { server, .. } => {
             let url = source.url(backend_url).unwrap_or_default();
-            let text = fetch(&url, source.timeout).await?;
+            let text = fetch(&url, source.timeout, client).await?;
             model_server::parse_server_load(*server, &text)
         }
     }
 }
 
-/// The process-wide scraping client (keep-alive pool shared by every backend's loop).
-fn client() -> Result<&'static reqwest::Client, TelemetryError> {
+/// The process-wide scraping client (keep-alive pool shared by every backend's loop); an
+/// https URL is checked against the system's roots.
+fn shared_client() -> Result<&'static reqwest::Client, TelemetryError> {
     static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
-            reqwest::Client::builder()
+            crate::tls::with_system_roots(reqwest::Client::builder())
                 .connect_timeout(Duration::from_secs(2))
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build()
@@ -60,14 +66,23 @@ fn client() -> Result<&'static reqwest::Client, TelemetryError> {
         })
 }
 
-/// GETs a metrics page: success status, at most [`MAX_BODY`] bytes, all within `timeout`.
-pub(crate) async fn fetch(url: &str, timeout: Duration) -> Result<String, TelemetryError> {
+/// GETs a metrics page with `client` (else the shared one): success status, at most
+/// [`MAX_BODY`] bytes, all within `timeout`.
+pub(crate) async fn fetch(
+    url: &str,
+    timeout: Duration,
+    client: Option<&reqwest::Client>,
+) -> Result<String, TelemetryError> {
     let http = |e: reqwest::Error| TelemetryError::Http {
         url: url.to_string(),
         message: e.without_url().to_string(),
     };
     let request = async {
-        let mut resp = client()?.get(url).send().await.map_err(http)?;
+        let client = match client {
+            Some(client) => client,
+            None => shared_client()?,
+        };
+        let mut resp = client.get(url).send().await.map_err(http)?;
         if !resp.status().is_success() {
             return Err(TelemetryError::Status {
                 url: url.to_string(),
@@ -138,7 +153,8 @@ pub trait PollTarget: Send + Sync + 'static {
     }
 }
 
-/// Polls a backend's sources until `shutdown` turns true (or its sender is dropped).
+/// Polls a backend's sources until `shutdown` turns true (or its sender is dropped), with
+/// `client` for HTTP sources (an https backend's own trust settings), else the shared one.
 ///
 /// Each source is read every `interval`; after a round in which any source succeeded, the
 /// merge of every source's last good reading is stored in `sink`, stamped with the oldest of
@@ -148,6 +164,7 @@ pub trait PollTarget: Send + Sync + 'static {
 pub async fn poll(
     sources: Vec<SourceConfig>,
     backend_url: String,
+    client: Option<reqwest::Client>,
     sink: Arc<ArcSwapOption<Telemetry>>,
     errors: Arc<AtomicU64>,
     target: Arc<dyn PollTarget>,
@@ -170,7 +187,10 @@ pub async fn poll(
         let due: Vec<usize> = (0..slots.len())
             .filter(|&i| slots[i].due(round, hurry))
             .collect();
-        let reads = join_all(due.iter().map(|&i| scrape(&slots[i].config, &backend_url)));
+        let reads = join_all(
+            due.iter()
+                .map(|&i| scrape(&slots[i].config, &backend_url, client.as_ref())),
+        );
         let results = tokio::select! {
             results = reads => results,
             () = stopped(&mut shutdown) => return,

@@ -142,6 +142,14 @@ impl Proxy {
             .expect("metrics text")
     }
 
+    /// The value of the `/metrics` line starting with `series` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let page = self.metrics().await;
+        page.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// `GET /status` of the admin listener.
     pub async fn status(&self) -> Value {
         reqwest::get(format!("{}/status", self.admin))

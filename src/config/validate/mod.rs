@@ -1,6 +1,7 @@
 //! Semantic checks of a parsed config; every problem found is reported with its field path.
 
 mod rules;
+mod tls;
 
 pub use rules::TokenError;
 
@@ -63,11 +64,15 @@ impl Config {
     pub fn validate(&self) -> Result<Compiled, ConfigErrors> {
         let mut report = Report::default();
         let (tenant_header, request_id_header) = self.validate_globals(&mut report);
-        let (backend_names, upstreams) = validate_backends(
+        let (backend_names, mut upstreams) = validate_backends(
             &self.backends,
             self.pools.iter().any(|p| p.discover.is_some()),
             &mut report,
         );
+        if upstreams.len() == self.backends.len() {
+            self.validate_backend_tls(&mut upstreams, &mut report);
+        }
+        let listener_cert = self.validate_listen_tls(&mut report);
         self.validate_health(&mut report);
         self.validate_requests(&mut report);
         let pool_names = validate_pools(&self.pools, &backend_names, &mut report);
@@ -93,6 +98,7 @@ impl Config {
                 request_id_header,
                 upstreams,
                 class_rules,
+                listener_cert,
             }),
             _ => Err(ConfigErrors(report.0)),
         }
