@@ -1,6 +1,6 @@
 //! Hostile and careless clients: stalled uploads, slowloris, idle floods, protocol abuse. Each
-//! case asserts the status the client gets, that nothing leaked (slots, queue places) and that
-//! no healthy backend was ejected for a client's fault.
+//! case asserts the status the client gets, that nothing leaked (slots, queue places, file
+//! descriptors) and that no healthy backend was ejected for a client's fault.
 
 mod common;
 
@@ -440,4 +440,61 @@ async fn queued_requests_with_streamed_bodies_lose_their_place_when_the_client_l
         1,
         "an abandoned request reached the backend"
     );
+}
+
+/// Open file descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| dir.count())
+        .expect("/proc/<pid>/fd readable")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abusive_clients_leave_no_descriptor_connection_or_slot_behind() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers).set(
+        "timeouts",
+        "{client_header: 1s, client_idle: 1s, client_body: 1s}",
+    );
+    let proxy = Proxy::start(config).await;
+    // Warm: the upstream connection pool holds what the served requests below will use.
+    assert_eq!(proxy.send(&Req::post("/echo", "warm")).await.status, 200);
+    let before = open_fds(proxy.pid());
+
+    let mut abuse = Vec::new();
+    for i in 0..30 {
+        let mut raw = Raw::connect(&proxy.url).await;
+        match i % 3 {
+            0 => raw.send("GET /echo HTTP/1.1\r\nhost: gpu").await, // a header that never ends
+            1 => raw.send(partial_upload(1000, 10)).await,          // an upload that stalls
+            _ => {
+                raw.send(GET_ECHO).await; // one request, then silence
+                assert_eq!(raw.answer().await.status, 200);
+            }
+        }
+        abuse.push(raw);
+    }
+    assert_eq!(proxy.send(&Req::post("/echo", "served")).await.status, 200);
+    for raw in &mut abuse {
+        assert!(
+            raw.closed_within(WAIT).await,
+            "an abusive connection stayed open"
+        );
+    }
+    drop(abuse);
+
+    proxy.wait_idle().await;
+    // Every client connection closes (the test client's kept-alive one too, after client_idle)
+    // and the descriptors come back.
+    common::eventually(
+        WAIT,
+        "the connections and descriptors to come back",
+        || async {
+            let page = proxy.metrics().await;
+            let connections = metric(&page, "gpulb_client_connections");
+            (connections == 0.0 && open_fds(proxy.pid()) <= before).then_some(())
+        },
+    )
+    .await;
+    assert!(!ejected(&proxy.status().await, "w0"));
 }
