@@ -206,3 +206,25 @@ fn read_answer(s: &mut TcpStream) -> Result<String, String> {
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rewrite_changes_the_file_and_switches_the_setting_back_and_forth() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        let original = "a: 1\nkeepalive 64;\n";
+        let toggle = ("keepalive 64;", "keepalive 63;");
+        let mut seen = HashSet::new();
+        for n in 1..=4 {
+            rewrite(&path, original, toggle, n).unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(text.contains("keepalive 63;"), n % 2 == 1, "{text}");
+            assert!(text.ends_with(&format!("# bench reload {n}\n")));
+            assert!(seen.insert(text), "reload {n} wrote the same file again");
+        }
+        assert!(!path.with_extension("reload-tmp").exists());
+    }
+}

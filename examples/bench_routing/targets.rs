@@ -146,9 +146,9 @@ pub struct Setup<'a> {
     pub weights: Option<&'a [u32]>,
     /// The SGLang router's command (program and leading arguments).
     pub sglang_router: &'a [String],
-    /// HAProxy in master-worker mode (`-W`, listeners handed over on reload), for
-    /// `--reload-every`.
-    pub master_worker: bool,
+    /// The run reloads targets (`--reload-every`): gpulb gets an admin token for
+    /// `POST /reload`, HAProxy runs in master-worker mode (`-W`, listeners handed over).
+    pub reloads: bool,
 }
 
 impl Setup<'_> {
@@ -242,17 +242,21 @@ fn globals(y: &mut String, s: &Setup) {
     );
     let _ = writeln!(y, "listen: 127.0.0.1:{}", s.listen_port);
     let _ = writeln!(y, "threads: {}", s.threads);
-    let _ = writeln!(
-        y,
-        "# The token (for POST /reload, --reload-every) is set by the harness in {}.",
-        reloader::TOKEN_ENV
-    );
-    let _ = writeln!(
-        y,
-        "admin: {{listen: 127.0.0.1:{}, token_env: {}}}",
-        s.admin_port,
-        reloader::TOKEN_ENV
-    );
+    if s.reloads {
+        let _ = writeln!(
+            y,
+            "# The token for POST /reload (--reload-every) is set by the harness in {}.",
+            reloader::TOKEN_ENV
+        );
+        let _ = writeln!(
+            y,
+            "admin: {{listen: 127.0.0.1:{}, token_env: {}}}",
+            s.admin_port,
+            reloader::TOKEN_ENV
+        );
+    } else {
+        let _ = writeln!(y, "admin: {{listen: 127.0.0.1:{}}}", s.admin_port);
+    }
     let _ = writeln!(y, "reload: {{watch: false}}");
     let _ = writeln!(y, "shutdown_timeout: 1s");
     let _ = writeln!(
@@ -498,7 +502,7 @@ fn haproxy_config(s: &Setup, target: Target) -> String {
     let _ = writeln!(c, "global");
     let _ = writeln!(c, "    nbthread {}", s.threads);
     let _ = writeln!(c, "    maxconn 8192");
-    if s.master_worker {
+    if s.reloads {
         let _ = writeln!(
             c,
             "    # Seamless reload: the new worker takes the listening sockets from the old one."
@@ -614,7 +618,7 @@ pub fn start(
             let path = s.dir.join(format!("{name}.cfg"));
             write(&path, &haproxy_config(s, target))?;
             let mut cmd = Command::new("haproxy");
-            if s.master_worker {
+            if s.reloads {
                 // Master-worker: SIGUSR2 to the master re-reads the file and starts new
                 // workers; the old ones finish their connections. -S: the master CLI.
                 cmd.arg("-W")
@@ -743,7 +747,7 @@ mod tests {
             prio_maxconn: 8,
             weights: None,
             sglang_router: &[],
-            master_worker: false,
+            reloads: false,
         };
         let text = gpulb_config(&s, classify).unwrap();
         Config::from_yaml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -779,6 +783,52 @@ mod tests {
             "interactive"
         );
         assert!(!loaded(Classify::Header).request_body.paths.is_empty());
+    }
+
+    #[test]
+    fn every_reloadable_config_holds_the_setting_its_reload_switches() {
+        let k = knobs();
+        let workers = ["127.0.0.1:9001".to_string()];
+        let s = Setup {
+            dir: Path::new("/tmp"),
+            listen_port: 8080,
+            admin_port: 8081,
+            workers: &workers,
+            threads: 1,
+            gpulb: &k,
+            prio_maxconn: 8,
+            weights: None,
+            sglang_router: &[],
+            reloads: true,
+        };
+        for (name, text) in [
+            ("gpulb", gpulb_config(&s, Classify::Header).unwrap()),
+            ("nginx-lc", nginx_config(&s, true)),
+            ("haproxy-lc", haproxy_config(&s, Target::HaproxyLc)),
+        ] {
+            let target = Target::parse(name).unwrap();
+            let ((from, to), _) = reload_how(target, 1, 8081).unwrap();
+            assert!(text.contains(from), "{name}: no {from:?}");
+            assert_ne!(from, to);
+        }
+        assert!(haproxy_config(&s, Target::HaproxyLc).contains("expose-fd listeners"));
+        assert!(gpulb_config(&s, Classify::Header)
+            .unwrap()
+            .contains(reloader::TOKEN_ENV));
+        // The switched gpulb config still loads (without the token, whose variable only the
+        // started gpulb has).
+        let text = gpulb_config(
+            &Setup {
+                reloads: false,
+                ..s
+            },
+            Classify::Header,
+        )
+        .unwrap();
+        let ((from, to), _) = reload_how(Target::Gpulb, 1, 8081).unwrap();
+        Config::from_yaml(&text.replace(from, to)).unwrap();
+        assert!(reload_how(Target::GpulbReplicas2, 1, 8081).is_none());
+        assert!(reload_how(Target::SglangCacheAware, 1, 8081).is_none());
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl<'a> Plan<'a> {
             prio_maxconn: a.prio_maxconn.unwrap_or(a.max_running),
             weights: (!a.weights.is_empty()).then_some(&a.weights[..]),
             sglang_router: &a.sglang_router,
-            master_worker: a.reload_every.is_some(),
+            reloads: a.reload_every.is_some(),
         }
     }
 }
