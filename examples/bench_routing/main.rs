@@ -9,7 +9,9 @@
 //! target/release/examples/bench_routing --targets gpulb,gpulb-body   # header vs body classes
 //! target/release/examples/bench_routing --help          # every knob
 //! ```
-//! or `examples/bench_routing.sh` (build + run over several seeds).
+//! or `examples/bench_routing.sh` (build + run over several seeds); `--abuse`
+//! (`examples/bench_abuse.sh`) and `--reload-every 100ms` (`examples/bench_reload.sh`) run each
+//! target twice, clean and under abuse or config reloads, and print one comparison.
 //!
 //! What it does, in one process:
 //! 1. starts `--workers` simulated GPU workers (`gpulb::tools::sim`) on loopback, uneven like the demo
@@ -42,6 +44,8 @@ mod client;
 mod pooled;
 mod prefix;
 mod procs;
+mod reload_report;
+mod reloader;
 mod report;
 mod run;
 mod targets;
@@ -251,6 +255,12 @@ struct Args {
     #[arg(long, default_value_t = 5000)]
     drip_ms: u64,
 
+    /// Reload benchmark: every target runs the trace twice, steady and while its config is
+    /// rewritten and reloaded this often (gpulb POST /reload, nginx SIGHUP, HAProxy
+    /// master-worker SIGUSR2), and the comparison is printed (examples/bench_reload.sh).
+    #[arg(long, value_parser = duration)]
+    reload_every: Option<std::time::Duration>,
+
     /// Most requests the harness keeps in flight (protects the machine; hits are reported).
     #[arg(long, default_value_t = 4000)]
     max_inflight: usize,
@@ -278,6 +288,14 @@ fn parse_range<T: std::str::FromStr + PartialOrd>(s: &str) -> Result<(T, T), Str
         return Err(format!("range {s:?} is backwards"));
     }
     Ok((a, b))
+}
+/// A duration in humantime's grammar (`100ms`, `1s`), above zero.
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be above zero".into()),
+        Err(e) => Err(format!("bad duration {s:?}: {e}")),
+    }
 }
 fn range_u32(s: &str) -> Result<(u32, u32), String> {
     parse_range(s)

@@ -160,6 +160,11 @@ fn group_members(pgid: i32) -> Vec<i32> {
     out
 }
 
+/// Pids of the live processes of process group `pgid` (a master and its workers).
+pub fn group_pids(pgid: i32) -> Vec<i32> {
+    group_members(pgid)
+}
+
 /// Resident memory, KiB, of every live process of group `pgid` together (nginx master + workers).
 pub fn group_rss_kb(pgid: i32) -> u64 {
     group_members(pgid)

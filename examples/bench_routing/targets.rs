@@ -1,6 +1,7 @@
 //! The load balancers under test: their configs (written to the run directory) and processes.
 
 use crate::procs::ChildGuard;
+use crate::reloader::{self, Trigger};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -145,6 +146,9 @@ pub struct Setup<'a> {
     pub weights: Option<&'a [u32]>,
     /// The SGLang router's command (program and leading arguments).
     pub sglang_router: &'a [String],
+    /// The run reloads targets (`--reload-every`): gpulb gets an admin token for
+    /// `POST /reload`, HAProxy runs in master-worker mode (`-W`, listeners handed over).
+    pub reloads: bool,
 }
 
 impl Setup<'_> {
@@ -238,7 +242,21 @@ fn globals(y: &mut String, s: &Setup) {
     );
     let _ = writeln!(y, "listen: 127.0.0.1:{}", s.listen_port);
     let _ = writeln!(y, "threads: {}", s.threads);
-    let _ = writeln!(y, "admin: {{listen: 127.0.0.1:{}}}", s.admin_port);
+    if s.reloads {
+        let _ = writeln!(
+            y,
+            "# The token for POST /reload (--reload-every) is set by the harness in {}.",
+            reloader::TOKEN_ENV
+        );
+        let _ = writeln!(
+            y,
+            "admin: {{listen: 127.0.0.1:{}, token_env: {}}}",
+            s.admin_port,
+            reloader::TOKEN_ENV
+        );
+    } else {
+        let _ = writeln!(y, "admin: {{listen: 127.0.0.1:{}}}", s.admin_port);
+    }
     let _ = writeln!(y, "reload: {{watch: false}}");
     let _ = writeln!(y, "shutdown_timeout: 1s");
     let _ = writeln!(
@@ -484,6 +502,17 @@ fn haproxy_config(s: &Setup, target: Target) -> String {
     let _ = writeln!(c, "global");
     let _ = writeln!(c, "    nbthread {}", s.threads);
     let _ = writeln!(c, "    maxconn 8192");
+    if s.reloads {
+        let _ = writeln!(
+            c,
+            "    # Seamless reload: the new worker takes the listening sockets from the old one."
+        );
+        let _ = writeln!(
+            c,
+            "    stats socket {}/haproxy.sock mode 600 level admin expose-fd listeners",
+            s.dir.display()
+        );
+    }
     let _ = writeln!(c, "defaults");
     let _ = writeln!(c, "    mode http");
     let _ = writeln!(c, "    option http-keep-alive");
@@ -563,6 +592,7 @@ pub fn start(
             write(&path, &gpulb_config(&setup, classify)?)?;
             let mut cmd = Command::new(gpulb_bin);
             cmd.arg("serve").arg("--config").arg(&path);
+            cmd.env(reloader::TOKEN_ENV, reloader::TOKEN);
             cmd.env(
                 "RUST_LOG",
                 std::env::var("GPULB_LOG").unwrap_or_else(|_| "warn".into()),
@@ -588,6 +618,13 @@ pub fn start(
             let path = s.dir.join(format!("{name}.cfg"));
             write(&path, &haproxy_config(s, target))?;
             let mut cmd = Command::new("haproxy");
+            if s.reloads {
+                // Master-worker: SIGUSR2 to the master re-reads the file and starts new
+                // workers; the old ones finish their connections. -S: the master CLI.
+                cmd.arg("-W")
+                    .arg("-S")
+                    .arg(s.dir.join(format!("{name}-master.sock")));
+            }
             cmd.arg("-db").arg("-f").arg(&path);
             (cmd, path)
         }
@@ -596,6 +633,42 @@ pub fn start(
     let child = ChildGuard::spawn(&name, cmd, &log)
         .map_err(|e| format!("cannot start {name}: {e} (is it installed?)"))?;
     Ok((child, config_path))
+}
+
+/// How `--reload-every` reloads `target` started as process group `pid` (admin listener on
+/// `admin_port` for gpulb): the config line it switches back and forth (a real change) and
+/// the trigger. `None`: the target cannot be reloaded by this harness.
+pub fn reload_how(
+    target: Target,
+    pid: i32,
+    admin_port: u16,
+) -> Option<((&'static str, &'static str), Trigger)> {
+    if target.replicas() != 1 {
+        return None;
+    }
+    match target {
+        _ if target.is_gpulb() => Some((
+            // Both class queues' depth: a class change, so a new snapshot is built.
+            ("max_depth: 1024", "max_depth: 1023"),
+            Trigger::Admin(([127, 0, 0, 1], admin_port).into()),
+        )),
+        // What `nginx -s reload` does: SIGHUP to the master (pid from nginx.pid).
+        Target::NginxRr | Target::NginxLc => Some((
+            ("keepalive 64;", "keepalive 63;"),
+            Trigger::Signal {
+                pid,
+                signal: libc::SIGHUP,
+            },
+        )),
+        Target::HaproxyRr | Target::HaproxyLc | Target::HaproxyPrio => Some((
+            ("timeout http-keep-alive 60s", "timeout http-keep-alive 59s"),
+            Trigger::Signal {
+                pid,
+                signal: libc::SIGUSR2,
+            },
+        )),
+        _ => None,
+    }
 }
 
 /// The SGLang router on the listen port (its Prometheus exporter on the admin port), cache-aware
@@ -674,6 +747,7 @@ mod tests {
             prio_maxconn: 8,
             weights: None,
             sglang_router: &[],
+            reloads: false,
         };
         let text = gpulb_config(&s, classify).unwrap();
         Config::from_yaml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -709,6 +783,52 @@ mod tests {
             "interactive"
         );
         assert!(!loaded(Classify::Header).request_body.paths.is_empty());
+    }
+
+    #[test]
+    fn every_reloadable_config_holds_the_setting_its_reload_switches() {
+        let k = knobs();
+        let workers = ["127.0.0.1:9001".to_string()];
+        let s = Setup {
+            dir: Path::new("/tmp"),
+            listen_port: 8080,
+            admin_port: 8081,
+            workers: &workers,
+            threads: 1,
+            gpulb: &k,
+            prio_maxconn: 8,
+            weights: None,
+            sglang_router: &[],
+            reloads: true,
+        };
+        for (name, text) in [
+            ("gpulb", gpulb_config(&s, Classify::Header).unwrap()),
+            ("nginx-lc", nginx_config(&s, true)),
+            ("haproxy-lc", haproxy_config(&s, Target::HaproxyLc)),
+        ] {
+            let target = Target::parse(name).unwrap();
+            let ((from, to), _) = reload_how(target, 1, 8081).unwrap();
+            assert!(text.contains(from), "{name}: no {from:?}");
+            assert_ne!(from, to);
+        }
+        assert!(haproxy_config(&s, Target::HaproxyLc).contains("expose-fd listeners"));
+        assert!(gpulb_config(&s, Classify::Header)
+            .unwrap()
+            .contains(reloader::TOKEN_ENV));
+        // The switched gpulb config still loads (without the token, whose variable only the
+        // started gpulb has).
+        let text = gpulb_config(
+            &Setup {
+                reloads: false,
+                ..s
+            },
+            Classify::Header,
+        )
+        .unwrap();
+        let ((from, to), _) = reload_how(Target::Gpulb, 1, 8081).unwrap();
+        Config::from_yaml(&text.replace(from, to)).unwrap();
+        assert!(reload_how(Target::GpulbReplicas2, 1, 8081).is_none());
+        assert!(reload_how(Target::SglangCacheAware, 1, 8081).is_none());
     }
 
     #[test]

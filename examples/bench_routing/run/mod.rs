@@ -13,7 +13,7 @@ use crate::abuse::AbuseSpec;
 use crate::targets::Target;
 use crate::trace::{self, TraceSpec};
 use crate::Args;
-use crate::{abuse_report, prefix, report};
+use crate::{abuse_report, prefix, reload_report, report};
 use fleet::Bench;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,13 +43,23 @@ pub fn run(a: &Args) -> Result<(), String> {
     let mut runs = Vec::new();
     let mut configs = Vec::new();
     let mut pairs = Vec::new();
+    let mut reload_pairs = Vec::new();
     for &target in &targets {
-        let (run, config, beside) = target::run_target(&bench, &plan, target, None)?;
+        let (run, config, beside) = target::run_target(&bench, &plan, target, None, false)?;
         configs.push((target.name().to_string(), config));
+        if a.reload_every.is_some() {
+            let (reloading, _, reloading_beside) =
+                target::run_target(&bench, &plan, target, None, true)?;
+            reload_pairs.push(reload_report::Pair {
+                steady: (run, beside),
+                reloading: (reloading, reloading_beside),
+            });
+            continue;
+        }
         match abuse_spec(a) {
             Some(spec) => {
                 let (abused, _, abused_beside) =
-                    target::run_target(&bench, &plan, target, Some(spec))?;
+                    target::run_target(&bench, &plan, target, Some(spec), false)?;
                 pairs.push(abuse_report::Pair {
                     clean: (run, beside),
                     abused: (abused, abused_beside),
@@ -61,9 +71,10 @@ pub fn run(a: &Args) -> Result<(), String> {
     // Let the fleet settle before dropping it (bounded).
     let _ = bench.block_on(fleet::wait_idle(&bench.fleet));
 
-    let mut md = match abuse_spec(a) {
-        Some(spec) => abuse_report::document(&head, spec, &pairs),
-        None => report::document(a.seed, &head, &configs, &runs, a.workers),
+    let mut md = match (abuse_spec(a), a.reload_every) {
+        (_, Some(every)) => reload_report::document(&head, every, &reload_pairs),
+        (Some(spec), None) => abuse_report::document(&head, spec, &pairs),
+        (None, None) => report::document(a.seed, &head, &configs, &runs, a.workers),
     };
     if prefix_mode {
         md.push_str(&prefix::section(a, &trace, &profiles, &runs));
@@ -93,6 +104,9 @@ fn checked_targets(a: &Args) -> Result<Vec<Target>, String> {
         .iter()
         .map(|t| Target::parse(t))
         .collect::<Result<_, _>>()?;
+    if a.abuse && a.reload_every.is_some() {
+        return Err("--abuse and --reload-every are separate benchmarks: give one".into());
+    }
     if a.workers == 0 || a.duration <= 0.0 {
         return Err("--workers and --duration must be > 0".into());
     }

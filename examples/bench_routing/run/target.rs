@@ -6,6 +6,7 @@ use super::ready::wait_ready;
 use super::replay::{self, Endpoint};
 use crate::abuse::{Abuse, AbuseReport, AbuseSpec};
 use crate::procs::{self, ChildGuard, SelfCpu};
+use crate::reloader::{self, Reloader};
 use crate::report::{self, TargetRun};
 use crate::targets::{self, GpulbKnobs, Target};
 use crate::trace::{Class, Req};
@@ -60,6 +61,7 @@ impl<'a> Plan<'a> {
             prio_maxconn: a.prio_maxconn.unwrap_or(a.max_running),
             weights: (!a.weights.is_empty()).then_some(&a.weights[..]),
             sglang_router: &a.sglang_router,
+            reloads: a.reload_every.is_some(),
         }
     }
 }
@@ -98,6 +100,8 @@ pub struct Beside {
     pub ejections: Option<u64>,
     /// What the abuse found, when there was abuse.
     pub abuse: Option<AbuseReport>,
+    /// What the config reloads did, when the turn reloaded.
+    pub reloads: Option<reloader::Count>,
 }
 
 /// Sum of `ejections_total` over the backends in gpulb's `/status` at each of `admins`.
@@ -126,23 +130,26 @@ async fn ejections_at(admin: &str) -> Option<u64> {
     )
 }
 
-/// Runs `target` through the trace, beside `abuse` when given (against its first replica);
-/// returns what was measured and the path of its config (the first replica's, when it runs
-/// several).
+/// Runs `target` through the trace, beside `abuse` when given (against its first replica),
+/// its config reloaded every --reload-every when `reload`; returns what was measured and the
+/// path of its config (the first replica's, when it runs several).
 pub fn run_target(
     bench: &Bench,
     plan: &Plan,
     target: Target,
     abuse: Option<AbuseSpec>,
+    reload: bool,
 ) -> Result<(TargetRun, PathBuf, Beside), String> {
-    let name = match abuse {
-        Some(_) => format!("{}+abuse", target.name()),
-        None => target.name().to_string(),
+    let name = match (abuse, reload) {
+        (Some(_), _) => format!("{}+abuse", target.name()),
+        (None, true) => format!("{}+reload", target.name()),
+        (None, false) => target.name().to_string(),
     };
     let name = name.as_str();
     let mut children = Vec::new();
     let mut config_path = None;
     let mut first_listen = None;
+    let mut reload_plan = None;
     let mut to = Endpoint {
         bases: Vec::new(),
         admins: Vec::new(),
@@ -155,6 +162,20 @@ pub fn run_target(
         let setup = plan.setup(listen_port, admin_port);
         let (mut child, path) = targets::start(target, &setup, plan.gpulb_bin, replica)?;
         first_listen.get_or_insert(listen_port);
+        if reload && reload_plan.is_none() {
+            let (toggle, trigger) = targets::reload_how(target, child.pid(), admin_port)
+                .ok_or_else(|| format!("--reload-every cannot reload {}", target.name()))?;
+            reload_plan = Some(reloader::Plan {
+                every: plan
+                    .a
+                    .reload_every
+                    .unwrap_or(std::time::Duration::from_millis(100)),
+                config: path.clone(),
+                toggle,
+                trigger,
+                pgid: child.pid(),
+            });
+        }
         let base = format!("http://127.0.0.1:{listen_port}");
         let admin = target
             .is_gpulb()
@@ -195,7 +216,9 @@ pub fn run_target(
     if plan.a.abuse {
         bench.block_on(async { tokio::time::sleep(SETTLE).await });
     }
+    let reloader = reload_plan.map(Reloader::start).transpose()?;
     let run = measure(bench, plan, name, &mut children, to);
+    let reloads = reloader.map(Reloader::finish);
     let beside = Beside {
         rss_kb: children.iter().map(|c| procs::group_rss_kb(c.pid())).sum(),
         ejections: match target.is_gpulb() {
@@ -203,6 +226,7 @@ pub fn run_target(
             false => None,
         },
         abuse: abuse.map(Abuse::finish),
+        reloads,
     };
     for child in children.iter_mut() {
         child.stop();
