@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{start_workers, Config, Proxy, Raw, Req, WAIT};
+use common::{metric, start_workers, Config, Proxy, Raw, Req, WAIT};
 use serde_json::Value;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -81,13 +81,6 @@ async fn a_stall_in_a_streamed_upload_is_the_clients_fault() {
     }
     let served = proxy.send(&Req::completion(2)).await;
     assert_eq!(served.status, 200);
-}
-
-/// The value of the metric line starting with `series` in a Prometheus text page (0 if absent).
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 const GET_ECHO: &str = "GET /echo HTTP/1.1\r\nhost: gpulb\r\n\r\n";

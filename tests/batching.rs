@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{start_workers, Class, Config, Proxy, Req};
+use common::{metric, start_workers, Class, Config, Proxy, Req};
 use gpulb::tools::sim::{EmbeddingProfile, SimWorker, REJECT_MARKER};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -39,19 +39,6 @@ fn batching(workers: &[SimWorker], batching: &str) -> Config {
 /// `POST /v1/embeddings` with `body`.
 fn embed(body: Value) -> Req {
     Req::post("/v1/embeddings", body.to_string()).header("content-type", "application/json")
-}
-
-/// The value of one series (`name{labels}`) in a Prometheus text page; 0 when absent.
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
 }
 
 /// Upstream calls answered 200, and the items they embedded, over `workers`.

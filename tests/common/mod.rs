@@ -11,7 +11,7 @@ mod requests;
 mod tls;
 
 pub use config::{Backend, Class, Config, Pool};
-pub use proxy::{backend_field, class_field, Proxy};
+pub use proxy::{backend_field, class_field, metric, Proxy};
 pub use raw::{Raw, RawAnswer};
 pub use requests::{completion, served_by, worker_of, Answer, Req};
 pub use tls::{https_client, tls_connect, Issued, TestCa, TlsFront};

@@ -142,12 +142,9 @@ impl Proxy {
             .expect("metrics text")
     }
 
-    /// The value of the `/metrics` line starting with `series` (0 when absent).
+    /// The value of `series` on `/metrics` (0 when absent).
     pub async fn metric(&self, series: &str) -> f64 {
-        let page = self.metrics().await;
-        page.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        metric(&self.metrics().await, series)
     }
 
     /// `GET /status` of the admin listener.
@@ -241,6 +238,20 @@ impl Proxy {
         self.wait_status(&what, |s| (s["generation"] == n).then_some(()))
             .await;
     }
+}
+
+/// The value of `series` (name and labels, as Prometheus writes them) in a `/metrics` page; 0
+/// when absent.
+pub fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }
 
 /// A numeric field of backend `name` in a status document.
