@@ -38,6 +38,11 @@ async fn a_backend_that_never_answers_gets_504_at_first_byte() {
         .expect("no answer: the first-byte deadline did not cut the exchange");
     assert_eq!(answer.status, 504, "{}", answer.body);
     assert!(answer.body.contains("upstream_timeout"), "{}", answer.body);
+    assert!(
+        answer.body.contains("timeouts.first_byte, 300ms"),
+        "the cause is not named: {}",
+        answer.body
+    );
     proxy.wait_idle().await;
 }
 

@@ -328,7 +328,13 @@ impl ProxyHttp for Gpulb {
             .zip(ctx.snapshot.as_deref())
             .and_then(|(i, s)| s.backends.get(i))
             .map_or("(none)", |b| b.state.name.as_str());
-        let failure = failure.map(|f| f.naming_backend(backend_name));
+        let failure = failure.map(|f| match (f, expired) {
+            // gpulb's own deadline: its cause, which holds no address, is worth saying.
+            (ProxyError::UpstreamTimeout(_), Some(expired)) => {
+                ProxyError::UpstreamTimeout(format!("{backend_name:?} ({expired})"))
+            }
+            (f, _) => f.naming_backend(backend_name),
+        });
         let code = match &failure {
             Some(error) if session.response_written().is_none() => {
                 // The connection closes after this answer: say so, or a client reusing it

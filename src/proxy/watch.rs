@@ -31,8 +31,8 @@ pub enum Expired {
 impl std::fmt::Display for Expired {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Expired::FirstByte(d) => write!(f, "no response within timeouts.first_byte ({d:?})"),
-            Expired::Idle(d) => write!(f, "silent for timeouts.idle ({d:?}) mid-response"),
+            Expired::FirstByte(d) => write!(f, "no first byte within timeouts.first_byte, {d:?}"),
+            Expired::Idle(d) => write!(f, "silent mid-response for timeouts.idle, {d:?}"),
         }
     }
 }
