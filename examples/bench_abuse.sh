@@ -18,12 +18,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/target/bench_abuse}
 cd "$ROOT"
 
-for tool in nginx haproxy; do
-    command -v "$tool" >/dev/null || {
-        echo "$tool is missing: apt-get install -y nginx-light haproxy" >&2
-        exit 1
-    }
-done
+# shellcheck source=examples/bench_setup.sh
+source "$ROOT/examples/bench_setup.sh"
+require_peers
 # Both ends of 3,000 abusive connections, the trace's and the upstream ones live in this
 # process tree: raise the soft open-file limit to the hard one (gpulb sizes its default
 # limits.max_connections from it).
@@ -31,9 +28,7 @@ ulimit -n "$(ulimit -Hn)"
 if (($(ulimit -n) < 8192)); then
     echo "[bench_abuse.sh] warning: open-file limit $(ulimit -n) is low for 3,000 connections a side" >&2
 fi
-if [[ -z ${SKIP_BUILD:-} ]]; then
-    cargo build --release --bin gpulb --examples >&2
-fi
+build_release
 mkdir -p "$OUT"
 target/release/examples/bench_routing --abuse --seed "$SEED" --targets "$TARGETS" \
     --out-dir "$OUT" "$@" | tee "$OUT/summary.md"

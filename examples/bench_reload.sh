@@ -21,17 +21,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/target/bench_reload}
 cd "$ROOT"
 
-for tool in nginx haproxy; do
-    command -v "$tool" >/dev/null || {
-        echo "$tool is missing: apt-get install -y nginx-light haproxy" >&2
-        exit 1
-    }
-done
+# shellcheck source=examples/bench_setup.sh
+source "$ROOT/examples/bench_setup.sh"
+require_peers
 # Old nginx and HAProxy workers keep their connections open while they drain.
 ulimit -n "$(ulimit -Hn)"
-if [[ -z ${SKIP_BUILD:-} ]]; then
-    cargo build --release --bin gpulb --examples >&2
-fi
+build_release
 mkdir -p "$OUT"
 target/release/examples/bench_routing --reload-every "$EVERY" --seed "$SEED" \
     --targets "$TARGETS" --out-dir "$OUT" "$@" | tee "$OUT/summary.md"

@@ -25,15 +25,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/target/bench_routing}
 cd "$ROOT"
 
-for tool in nginx haproxy; do
-    command -v "$tool" >/dev/null || {
-        echo "$tool is missing: apt-get install -y nginx-light haproxy" >&2
-        exit 1
-    }
-done
-if [[ -z ${SKIP_BUILD:-} ]]; then
-    cargo build --release --bin gpulb --examples >&2
-fi
+# shellcheck source=examples/bench_setup.sh
+source "$ROOT/examples/bench_setup.sh"
+require_peers
+build_release
 
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.md

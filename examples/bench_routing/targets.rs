@@ -733,22 +733,27 @@ mod tests {
         }
     }
 
+    /// A run's setup over `workers`, with or without reloads.
+    fn setup<'a>(k: &'a GpulbKnobs, workers: &'a [String], reloads: bool) -> Setup<'a> {
+        Setup {
+            dir: Path::new("/tmp"),
+            listen_port: 8080,
+            admin_port: 8081,
+            workers,
+            threads: 1,
+            gpulb: k,
+            prio_maxconn: 8,
+            weights: None,
+            sglang_router: &[],
+            reloads,
+        }
+    }
+
     /// The generated config for `classify`, loaded by gpulb's own parser and validator.
     fn loaded(classify: Classify) -> Config {
         let k = knobs();
         let workers = ["127.0.0.1:9001".to_string(), "127.0.0.1:9002".to_string()];
-        let s = Setup {
-            dir: Path::new("/tmp"),
-            listen_port: 8080,
-            admin_port: 8081,
-            workers: &workers,
-            threads: 1,
-            gpulb: &k,
-            prio_maxconn: 8,
-            weights: None,
-            sglang_router: &[],
-            reloads: false,
-        };
+        let s = setup(&k, &workers, false);
         let text = gpulb_config(&s, classify).unwrap();
         Config::from_yaml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
     }
@@ -789,18 +794,7 @@ mod tests {
     fn every_reloadable_config_holds_the_setting_its_reload_switches() {
         let k = knobs();
         let workers = ["127.0.0.1:9001".to_string()];
-        let s = Setup {
-            dir: Path::new("/tmp"),
-            listen_port: 8080,
-            admin_port: 8081,
-            workers: &workers,
-            threads: 1,
-            gpulb: &k,
-            prio_maxconn: 8,
-            weights: None,
-            sglang_router: &[],
-            reloads: true,
-        };
+        let s = setup(&k, &workers, true);
         for (name, text) in [
             ("gpulb", gpulb_config(&s, Classify::Header).unwrap()),
             ("nginx-lc", nginx_config(&s, true)),
