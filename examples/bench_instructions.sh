@@ -19,7 +19,9 @@
 # bytes (its prompt padded), one set of rows per size (unset: a 45-byte body); BODY_READ="on
 # off" measures each gpulb binary with body reading on (gpulb's default `request_body`, which
 # reads and parses /v1/completions bodies before routing) and off (`request_body: {paths: []}`),
-# one row each, plus a line with what reading costs (default: on only).
+# one row each, plus a line with what reading costs (default: on only). TIMEOUTS="{read: 300s}"
+# writes that `timeouts:` map into gpulb's config (unset: gpulb's defaults, whose first_byte and
+# idle differ, so each request runs the upstream watchdog; equal ones run none).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -124,6 +126,9 @@ gpulb_config() {
     if [ "$1" = off ]; then
         echo "request_body: {paths: []}"
     fi
+    if [ -n "${TIMEOUTS:-}" ]; then
+        echo "timeouts: $TIMEOUTS"
+    fi
     echo "backends:"
     for i in $(seq 0 $((BACKENDS - 1))); do
         echo "  - {name: fast$i, url: \"http://127.0.0.1:$BACKEND_PORT\", max_outstanding: 4096}"
@@ -168,4 +173,4 @@ if [ ${#NOTES[@]} -gt 0 ]; then
     printf '%s\n' "${NOTES[@]}"
 fi
 echo
-echo "command: $0 $*; N1=$N1 N2=$N2 BACKENDS=$BACKENDS PLACEMENT=${PLACEMENT:-(default)} BODY_BYTES=${BODY_BYTES:-(45)} BODY_READ=\"$BODY_READ\"; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"
+echo "command: $0 $*; N1=$N1 N2=$N2 BACKENDS=$BACKENDS PLACEMENT=${PLACEMENT:-(default)} BODY_BYTES=${BODY_BYTES:-(45)} BODY_READ=\"$BODY_READ\" TIMEOUTS=${TIMEOUTS:-(default)}; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), valgrind $(valgrind --version)"
