@@ -297,3 +297,36 @@ fn room_free_beside_other_replicas_is_filled_only_by_half_until_the_next_reading
     let snap = shared_backend(true, 0.0, 0);
     assert_eq!(leases_until_refused(&snap, 0).len(), 4);
 }
+
+#[test]
+fn file_names_resolve_once_per_apply_and_discovered_backends_keep_their_addresses() {
+    let file = |port: u16| {
+        format!(
+            "health_check: {{enabled: false}}\nbackends:\n  - {{name: named, url: 'http://localhost:{port}'}}\n\
+             pools:\n  - name: named\n    backends: [named]\n  - name: gpus\n    backends: []\n    \
+             discover: {{dns: 'gpus.test:8000', name: 'gpu-{{ip}}'}}\nclasses:\n  - {{name: a, pool: named}}\n  \
+             - {{name: b, pool: gpus}}\ndefault_class: a\n"
+        )
+    };
+    let address = |snap: &Snapshot, name: &str| {
+        let b = snap.backends.iter().find(|b| b.state.name == name).unwrap();
+        b.state.address.get().map(|a| a.port())
+    };
+    let registry = Registry::new(config(&file(9001)));
+    let ip: std::net::IpAddr = "127.0.0.7".parse().unwrap();
+    registry.discovered("gpus", "gpus.test:8000", Ok(vec![ip]));
+    let snap = registry.load();
+    assert_eq!(address(&snap, "named"), Some(9001));
+    assert_eq!(address(&snap, "gpu-127.0.0.7"), Some(8000));
+
+    // A reload resolves the file's names anew; what discovery found stays, at its address.
+    registry.apply(config(&file(9002)));
+    let snap = registry.load();
+    assert_eq!(address(&snap, "named"), Some(9002));
+    assert_eq!(address(&snap, "gpu-127.0.0.7"), Some(8000));
+    assert_eq!(
+        registry.file_config().backends.len(),
+        1,
+        "the file's own config"
+    );
+}
