@@ -491,3 +491,28 @@ async fn abusive_clients_leave_no_descriptor_connection_or_slot_behind() {
     .await;
     assert!(!ejected(&proxy.status().await, "w0"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_body_is_read_on_a_while_so_a_client_still_sending_meets_no_reset() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    // A chunked completion body over pingora's 64 KiB replay buffer is refused (413) with
+    // part of it unread.
+    let chunk = |n: usize| format!("{n:x}\r\n{}\r\n", "z".repeat(n));
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: gpulb\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\n\r\n{}",
+        chunk(80_000)
+    ))
+    .await;
+    let answer = raw.answer().await;
+    assert_eq!(answer.status, 413, "{}", answer.text);
+    // The client goes on sending, as one that writes its body before reading would: the
+    // proxy still reads (and drops) it, so no write meets a reset.
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = raw.0.write_all(chunk(4_000).as_bytes()).await;
+        assert!(sent.is_ok(), "write {i} after the answer: {sent:?}");
+    }
+}

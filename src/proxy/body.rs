@@ -133,3 +133,23 @@ pub fn replay(held: Option<&Bytes>, body: &mut Option<Bytes>) {
         *piece = held.clone();
     }
 }
+
+/// How long a refused request's unread body is read and dropped before the connection closes.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+/// The most of a refused request's unread body read and dropped before the connection closes.
+const LINGER_BYTES: usize = 1024 * 1024;
+
+/// After an answer that left part of the request body unread, reads and drops what the client
+/// still sends (at most [`LINGER_BYTES`], for at most [`LINGER`]) before the connection closes:
+/// closing on unread bytes resets the connection, and a client still sending would meet the
+/// reset instead of the answer (nginx's lingering close).
+pub async fn linger(session: &mut Session) {
+    let deadline = Instant::now() + LINGER;
+    let mut left = LINGER_BYTES;
+    while left > 0 && !session.is_body_done() {
+        match timeout_at(deadline, session.read_request_body()).await {
+            Ok(Ok(Some(chunk))) => left = left.saturating_sub(chunk.len()),
+            _ => return,
+        }
+    }
+}

@@ -136,7 +136,9 @@ impl ProxyHttp for Gpulb {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
             // Part of the body may be unread: this connection cannot carry another request.
             session.set_keepalive(None);
-            return refuse(session, ctx, error).await;
+            let answered = refuse(session, ctx, error).await;
+            body::linger(session).await;
+            return answered;
         }
         if batch::batch(session, ctx, &snapshot, &self.batch_client).await? {
             return Ok(true);
