@@ -46,9 +46,11 @@ async fn clients_reach_plain_workers_over_tls_under_the_client_deadlines() {
     let proxy = Proxy::start(config).await;
     let (base, addr) = https_of(&proxy);
     let client = https_client(&ca);
+    // Two streams at once: the second goes to the worker the first does not hold.
     let mut seen = BTreeSet::new();
-    for _ in 0..4 {
-        let resp = Req::completion_stream(3).send(&client, &base).await;
+    let first = Req::completion_stream(50).send(&client, &base).await;
+    let second = Req::completion_stream(50).send(&client, &base).await;
+    for resp in [first, second] {
         assert_eq!(resp.status(), 200);
         seen.insert(worker_of(&resp));
         let body = resp.bytes().await.expect("streamed body");
