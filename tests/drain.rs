@@ -26,8 +26,11 @@ async fn a_stream_in_flight_completes_across_sigterm() {
     proxy.wait_outstanding("w0", 1).await;
     proxy.signal(libc::SIGTERM);
     let signalled = Instant::now();
-    // Not ready at once, but still serving during the delay.
-    assert_eq!(probe("/readyz").await.unwrap(), 503);
+    // Not ready as soon as the signal is handled, but still serving during the delay.
+    eventually(WAIT, "/readyz to say 503", || async {
+        (probe("/readyz").await.ok()? == 503).then_some(())
+    })
+    .await;
     assert_eq!(proxy.send(&Req::completion(1)).await.status, 200);
     // After the delay the listener is closed: a new connection is refused.
     tokio::time::sleep(Duration::from_millis(700).saturating_sub(signalled.elapsed())).await;
