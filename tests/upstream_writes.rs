@@ -1,0 +1,153 @@
+//! A request whose body gpulb holds reaches the backend in one piece: header and body leave in
+//! one write, so the model server wakes and reads once per request, not once for the header
+//! and again for the body.
+
+mod common;
+
+use common::{Backend, Config, Proxy, Req, WAIT};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const ANSWER: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+
+/// For each request a backend received: the reads that carried it, and the request as read.
+type Seen = Arc<Mutex<Vec<(usize, Vec<u8>)>>>;
+
+/// A backend that answers every request with a small JSON 200 and keeps the connection, and
+/// notes how many socket reads each request took (but gpulb's `GET /v1/models`).
+async fn counting_backend() -> (String, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(serve(socket, Arc::clone(&record)));
+        }
+    });
+    (format!("http://{addr}"), seen)
+}
+
+async fn serve(mut socket: TcpStream, seen: Seen) {
+    let mut pending = Vec::new();
+    let mut reads = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match tokio::time::timeout(WAIT, socket.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return,
+        };
+        reads += 1;
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(len) = request_len(&pending) {
+            let request: Vec<u8> = pending.drain(..len).collect();
+            // gpulb's own model discovery is not one of the test's requests.
+            if !request.starts_with(b"GET /v1/models ") {
+                seen.lock().unwrap().push((reads, request));
+            }
+            reads = 0;
+            if socket.write_all(ANSWER).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The length of the first whole request in `bytes` (header and `Content-Length` body), if
+/// it has all arrived.
+fn request_len(bytes: &[u8]) -> Option<usize> {
+    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..head_end]).to_ascii_lowercase();
+    let body: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().expect("a numeric content-length"));
+    (bytes.len() >= head_end + body).then_some(head_end + body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_with_a_held_body_reaches_the_backend_in_one_read() {
+    let (url, seen) = counting_backend().await;
+    let config = Config::new().backend(
+        Backend::at("b0", &url)
+            .unchecked()
+            .set("models", "[sim-model]"),
+    );
+    let proxy = Proxy::start(config).await;
+    const REQUESTS: usize = 30;
+    for _ in 0..REQUESTS {
+        let answer = proxy.send(&Req::completion(5)).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        REQUESTS,
+        "the backend saw another number of requests"
+    );
+    for (reads, request) in &seen {
+        let text = String::from_utf8_lossy(request);
+        assert!(
+            text.ends_with(&common::completion(5, false)),
+            "the body did not arrive whole: {text}"
+        );
+        assert_eq!(
+            *reads, 1,
+            "a request came in {reads} reads (header and body written apart): {text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_body_and_with_an_empty_one_still_go_through() {
+    let (url, seen) = counting_backend().await;
+    let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
+    let get = proxy.send(&Req::get("/v1/anything")).await;
+    assert_eq!(get.status, 200, "{}", get.body);
+    let empty = proxy.send(&Req::post("/v1/anything", "")).await;
+    assert_eq!(empty.status, 200, "{}", empty.body);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(String::from_utf8_lossy(&seen[0].1).starts_with("GET /v1/anything"));
+    assert!(String::from_utf8_lossy(&seen[1].1).starts_with("POST /v1/anything"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_streamed_unread_arrives_whole_after_its_header() {
+    // Over `request_body.max_bytes` with `over_limit: forward`, the body is not held: the
+    // header waits for its first piece and the rest follows as the client sends it.
+    let (url, seen) = counting_backend().await;
+    let config = Config::new()
+        .backend(Backend::at("b0", &url).unchecked())
+        .set("request_body", "{max_bytes: 1024, over_limit: forward}");
+    let proxy = Proxy::start(config).await;
+    let prompt = "x".repeat(200_000);
+    let body = format!(r#"{{"model":"sim-model","prompt":"{prompt}","max_tokens":1}}"#);
+    let answer = proxy
+        .send(&Req::post("/v1/completions", body.clone()))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(String::from_utf8_lossy(&seen[0].1).ends_with(&body));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_expecting_100_continue_is_not_held() {
+    let (url, seen) = counting_backend().await;
+    let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
+    let body = common::completion(5, false);
+    let answer = proxy
+        .send(
+            &Req::post("/v1/completions", body.clone())
+                .header("content-type", "application/json")
+                .header("expect", "100-continue"),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(String::from_utf8_lossy(&seen[0].1).ends_with(&body));
+}
