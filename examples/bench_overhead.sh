@@ -138,9 +138,9 @@ machine_ticks() { # clock ticks of all cores: "busy-except-softirq softirq" from
     awk '/^cpu / { print $2 + $3 + $4 + $7 + $9, $8; exit }' /proc/stat
 }
 
-backend_stats() { # prints "connections requests"
+backend_stats() { # prints "connections requests reads"
     curl -s --max-time 2 "http://$BACKEND/__stats" |
-        sed -E 's/.*"connections":([0-9]+).*"requests":([0-9]+).*/\1 \2/'
+        sed -E 's/.*"connections":([0-9]+).*"requests":([0-9]+).*"reads":([0-9]+).*/\1 \2 \3/'
 }
 
 fill() { # template out: substitute placeholders
@@ -259,7 +259,7 @@ for round in $(seq "$ROUNDS"); do
         if [[ $(seconds "$WARMUP") -gt 0 ]]; then
             run_wrk "$WARMUP" "$WARM_LIMIT" "$url" "$TMP/warmup.$target.$round.txt"
         fi
-        read -r conns0 _ <<<"$(backend_stats)"
+        read -r conns0 breq0 breads0 <<<"$(backend_stats)"
         b0=$(cpu_ticks "$BACKEND_PID")
         p0=0
         [[ -n ${PID[$target]} ]] && p0=$(cpu_ticks "${PID[$target]}")
@@ -269,7 +269,7 @@ for round in $(seq "$ROUNDS"); do
         p1=0
         [[ -n ${PID[$target]} ]] && p1=$(cpu_ticks "${PID[$target]}")
         b1=$(cpu_ticks "$BACKEND_PID")
-        read -r conns1 _ <<<"$(backend_stats)"
+        read -r conns1 breq1 breads1 <<<"$(backend_stats)"
         line=$(grep '^BENCH_RESULT' "$out") || die "no BENCH_RESULT line in $out"
         for kv in ${line#BENCH_RESULT }; do R[$target,$round,${kv%%=*}]=${kv#*=}; done
         R[$target,$round,proxy_ticks]=$((p1 - p0))
@@ -286,12 +286,16 @@ for round in $(seq "$ROUNDS"); do
         R[$target,$round,other_pct]=$(pct "$((m1 - m0 - (p1 - p0) - (b1 - b0) - wrk_ticks))")
         # The stats request itself opens one connection, counted in conns1.
         R[$target,$round,conns]=$((conns1 - conns0 - 1))
+        # Socket reads that returned bytes per request served, at the backend: 1.0 when every
+        # request arrives in one piece; more when its header and body come in separate writes.
+        R[$target,$round,reads_per_req]=$(awk -v r="$((breads1 - breads0))" -v n="$((breq1 - breq0))" \
+            'BEGIN { printf "%.2f", n > 0 ? r / n : 0 }')
     done
 done
 
 # ---------------------------------------------------------------- report
 # Per-run derived figures, as text for awk.
-fig() { # target round -> "rps p50_ms p99_ms errors proxy_us/req backend_us/req conns wrk_us/req other% softirq%"
+fig() { # target round -> "rps p50_ms p99_ms errors proxy_us/req backend_us/req conns wrk_us/req other% softirq% backend_reads/req"
     local t=$1 r=$2
     awk -v req="${R[$t,$r,requests]}" -v dur="${R[$t,$r,duration_us]}" \
         -v p50="${R[$t,$r,p50_us]}" -v p99="${R[$t,$r,p99_us]}" \
@@ -299,11 +303,12 @@ fig() { # target round -> "rps p50_ms p99_ms errors proxy_us/req backend_us/req 
         -v pt="${R[$t,$r,proxy_ticks]}" -v bt="${R[$t,$r,backend_ticks]}" -v hz="$CLK_TCK" \
         -v proxied="$([[ $t == direct ]] && echo 0 || echo 1)" -v conns="${R[$t,$r,conns]}" \
         -v wt="${R[$t,$r,wrk_ticks]}" -v other="${R[$t,$r,other_pct]}" -v sq="${R[$t,$r,softirq_pct]}" \
+        -v brr="${R[$t,$r,reads_per_req]}" \
         'BEGIN {
             rps = req / (dur / 1e6)
             pcpu = proxied ? sprintf("%.1f", pt / hz * 1e6 / req) : "-"
-            printf "%.0f %.3f %.3f %d %s %.1f %d %.1f %d %d\n", rps, p50 / 1000, p99 / 1000, e, pcpu,
-                bt / hz * 1e6 / req, conns, wt / hz * 1e6 / req, other, sq
+            printf "%.0f %.3f %.3f %d %s %.1f %d %.1f %d %d %s\n", rps, p50 / 1000, p99 / 1000, e, pcpu,
+                bt / hz * 1e6 / req, conns, wt / hz * 1e6 / req, other, sq, brr
         }'
 }
 
@@ -326,18 +331,18 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
     echo "- versions: gpulb $rev, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
     echo "- proxies: $PROXY_THREADS worker thread(s) each; fast_backend: $BACKEND_THREADS thread(s); all on 127.0.0.1, sharing the same $(nproc) cores with wrk"
     echo
-    echo "| target | req/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct | p99 vs direct | proxy CPU µs/req | backend CPU µs/req | wrk CPU µs/req | softirq % | other CPU % | new backend conns | errors |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| target | req/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct | p99 vs direct | proxy CPU µs/req | backend CPU µs/req | backend reads/req | wrk CPU µs/req | softirq % | other CPU % | new backend conns | errors |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     dr=$(median_round direct)
     read -r d_rps d_p50 d_p99 _ <<<"$(fig direct "$dr")"
     for t in "${ACTIVE[@]}"; do
         r=$(median_round "$t")
-        read -r rps p50 p99 errs pcpu bcpu conns wcpu other sq <<<"$(fig "$t" "$r")"
+        read -r rps p50 p99 errs pcpu bcpu conns wcpu other sq brr <<<"$(fig "$t" "$r")"
         awk -v t="$t" -v rps="$rps" -v p50="$p50" -v p99="$p99" -v d_rps="$d_rps" -v d_p50="$d_p50" \
             -v d_p99="$d_p99" -v pcpu="$pcpu" -v bcpu="$bcpu" -v conns="$conns" -v errs="$errs" \
-            -v wcpu="$wcpu" -v other="$other" -v sq="$sq" \
-            'BEGIN { printf "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %d | %d |\n",
-                t, rps, p50, p99, rps / d_rps, p50 / d_p50, p99 / d_p99, pcpu, bcpu, wcpu, sq, other, conns, errs }'
+            -v wcpu="$wcpu" -v other="$other" -v sq="$sq" -v brr="$brr" \
+            'BEGIN { printf "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %d | %d |\n",
+                t, rps, p50, p99, rps / d_rps, p50 / d_p50, p99 / d_p99, pcpu, bcpu, brr, wcpu, sq, other, conns, errs }'
     done
     if [[ -n ${ADDR[gpulb]:-} && -n ${ADDR[gpulb-nobody]:-} ]]; then
         read -r g_rps g_p50 g_p99 _ g_cpu _ <<<"$(fig gpulb "$(median_round gpulb)")"
@@ -369,7 +374,9 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
     echo "charged to no process). Other CPU %: busy time charged to none of wrk, backend, proxy (other"
     echo "processes, steal). Both from /proc/stat, as a share of all $(nproc) cores during the measured run;"
     echo "a high other CPU % means a disturbed run. New backend conns: connections the backend accepted"
-    echo "during the measured run (a proxy that reuses its keep-alive pool opens few)."
+    echo "during the measured run (a proxy that reuses its keep-alive pool opens few). Backend reads/req:"
+    echo "the backend's socket reads that returned bytes, per request it served (1.00 when each request"
+    echo "arrives in one piece; up to 2 when a proxy writes a request's header and body apart)."
 } >"$TMP/report.md"
 
 cat "$TMP/report.md"

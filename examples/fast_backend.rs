@@ -8,9 +8,10 @@
 //! ```
 //!
 //! The first line on stdout is the bound address (`127.0.0.1:PORT`). `GET /__stats` answers
-//! `{"connections":N,"requests":M}`: the connections accepted and requests served so far (the
-//! stats requests themselves excluded), which shows whether a proxy reuses its upstream
-//! connections.
+//! `{"connections":N,"requests":M,"reads":R}`: the connections accepted, requests served and
+//! socket reads that returned bytes so far (the stats requests themselves excluded). The first
+//! shows whether a proxy reuses its upstream connections; reads per request show whether a
+//! request arrives in one piece or in several (a header and then its body).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -22,8 +23,10 @@ use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::net::TcpListener;
 
 /// The answer to every request: 200 bytes of JSON shaped like an OpenAI completion.
@@ -33,6 +36,66 @@ const BODY: &[u8] = br#"{"id":"cmpl-bench","object":"text_completion","created":
 struct Stats {
     connections: AtomicU64,
     requests: AtomicU64,
+    reads: AtomicU64,
+}
+
+/// A connection that counts its reads that returned bytes (each one a `recv` call that did).
+struct CountingStream {
+    inner: tokio::net::TcpStream,
+    stats: Arc<Stats>,
+    /// Whether the connection has carried a request other than `/__stats`; its reads count
+    /// from the first one on (curl's stats connection is never counted).
+    counted: bool,
+}
+
+impl tokio::io::AsyncRead for CountingStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            if !self.counted && !buf.filled()[before..].starts_with(b"GET /__stats") {
+                self.counted = true;
+            }
+            if self.counted {
+                self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+}
+
+impl tokio::io::AsyncWrite for CountingStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 struct Options {
@@ -93,9 +156,10 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path() == "/__stats" {
         let body = format!(
-            "{{\"connections\":{},\"requests\":{}}}",
+            "{{\"connections\":{},\"requests\":{},\"reads\":{}}}",
             stats.connections.load(Ordering::Relaxed),
-            stats.requests.load(Ordering::Relaxed)
+            stats.requests.load(Ordering::Relaxed),
+            stats.reads.load(Ordering::Relaxed)
         );
         return Ok(json_response(Bytes::from(body)));
     }
@@ -130,6 +194,11 @@ async fn serve(listener: TcpListener, stats: Arc<Stats>) {
         };
         let _ = stream.set_nodelay(true);
         stats.connections.fetch_add(1, Ordering::Relaxed);
+        let stream = CountingStream {
+            inner: stream,
+            stats: Arc::clone(&stats),
+            counted: false,
+        };
         let stats = Arc::clone(&stats);
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(req, Arc::clone(&stats)));
