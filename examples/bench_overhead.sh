@@ -4,6 +4,9 @@
 #   gpulb    target/release/gpulb serve, one backend, threads = PROXY_THREADS
 #   gpulb-nobody  the same with body reading off (`request_body: {paths: []}`); not a default
 #            target: TARGETS="direct gpulb gpulb-nobody nginx" shows what reading costs
+#   gpulb-base  another gpulb binary (BASE_GPULB=PATH, e.g. a build of an earlier commit) with
+#            gpulb's config: not a default target; TARGETS="direct gpulb gpulb-base nginx" compares
+#            two builds in one run
 #   nginx    reverse proxy, worker_processes = PROXY_THREADS, upstream keepalive 64
 #   haproxy  mode http, nbthread = PROXY_THREADS (skipped when haproxy is not installed)
 # and prints a markdown table (req/s, p50, p99, each as a ratio to direct, CPU per request).
@@ -178,13 +181,18 @@ for target in $TARGETS; do
         direct)
             ADDR[direct]=$BACKEND PID[direct]=""
             ;;
-        gpulb | gpulb-nobody)
+        gpulb | gpulb-nobody | gpulb-base)
+            bin=$GPULB_BIN
+            if [[ $target == gpulb-base ]]; then
+                bin=${BASE_GPULB:-}
+                [[ -x $bin ]] || die "gpulb-base needs BASE_GPULB=PATH to a gpulb binary"
+            fi
             port=$(free_port)
             fill "$BENCH_DIR/gpulb.yaml.in" "$TMP" "127.0.0.1:$port" >"$TMP/$target.yaml"
             if [[ $target == gpulb-nobody ]]; then
                 echo "request_body: {paths: []}  # body reading off" >>"$TMP/$target.yaml"
             fi
-            RUST_LOG=warn "$GPULB_BIN" serve --config "$TMP/$target.yaml" >"$TMP/$target.log" 2>&1 &
+            RUST_LOG=warn "$bin" serve --config "$TMP/$target.yaml" >"$TMP/$target.log" 2>&1 &
             PID[$target]=$! ADDR[$target]=127.0.0.1:$port
             PIDS+=("${PID[$target]}")
             ;;
@@ -207,7 +215,7 @@ for target in $TARGETS; do
             PID[haproxy]=$! ADDR[haproxy]=127.0.0.1:$port
             PIDS+=("${PID[haproxy]}")
             ;;
-        *) die "unknown target $target (known: direct gpulb gpulb-nobody nginx haproxy)" ;;
+        *) die "unknown target $target (known: direct gpulb gpulb-nobody gpulb-base nginx haproxy)" ;;
     esac
     if [[ -n ${PID[$target]} ]]; then
         wait_ready "${ADDR[$target]}" "$target" "${PID[$target]}"
@@ -289,7 +297,7 @@ for round in $(seq "$ROUNDS"); do
         # Socket reads that returned bytes per request served, at the backend: 1.0 when every
         # request arrives in one piece; more when its header and body come in separate writes.
         R[$target,$round,reads_per_req]=$(awk -v r="$((breads1 - breads0))" -v n="$((breq1 - breq0))" \
-            'BEGIN { printf "%.2f", n > 0 ? r / n : 0 }')
+            'BEGIN { printf "%.2f", (n > 0 ? r / n : 0) }')
     done
 done
 
@@ -328,7 +336,7 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
     echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
     echo "- load, each target: \`$(wrk_cmd "$DURATION")\` after a \`-d$WARMUP\` warm-up; $ROUNDS interleaved round(s)"
     echo "- machine: nproc $(nproc), $cpu_model, $(uname -sr), load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "- versions: gpulb $rev, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+    echo "- versions: gpulb $rev${ADDR[gpulb-base]:+ (gpulb-base: $BASE_GPULB)}, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
     echo "- proxies: $PROXY_THREADS worker thread(s) each; fast_backend: $BACKEND_THREADS thread(s); all on 127.0.0.1, sharing the same $(nproc) cores with wrk"
     echo
     echo "| target | req/s | p50 ms | p99 ms | req/s vs direct | p50 vs direct | p99 vs direct | proxy CPU µs/req | backend CPU µs/req | backend reads/req | wrk CPU µs/req | softirq % | other CPU % | new backend conns | errors |"
