@@ -23,6 +23,9 @@
 #   TARGETS="direct gpulb nginx haproxy"   which targets, in this order each round
 #   BODY_BYTES=N     POST a completion body of exactly N bytes (its prompt padded) instead of
 #                    post.lua's 66-byte one
+#   SYSCALLS=1       also count the system calls of the proxy and of the backend over each
+#                    measured run with `perf stat` (needs perf and access to the syscall
+#                    tracepoints) and print them per request for each target's median run
 #   SKIP_BUILD=1     use the existing release binaries
 #   KEEP_TMP=1       keep the temp dir (configs, raw wrk output, logs) and print its path
 #   RESULTS=FILE     also write the report to FILE
@@ -258,6 +261,32 @@ run_wrk() { # duration limit_s url out
     forget "$pid"
 }
 
+# `perf stat` over a measured run: the system calls of a process and its children, per kind.
+SYSCALL_KINDS="sendto writev recvfrom epoll_wait fcntl close"
+PERF_PID=""
+perf_start() { # out pid...
+    local out=$1 pids ev
+    shift
+    pids=$(for pid in "$@" $(for pid in "$@"; do pgrep -P "$pid" 2>/dev/null || true; done); do
+        printf '%s,' "$pid"; done)
+    ev=$(for kind in $SYSCALL_KINDS; do printf 'syscalls:sys_enter_%s,' "$kind"; done)
+    perf stat -x, -e "${ev%,}" -p "${pids%,}" -o "$out" 2>/dev/null &
+    PERF_PID=$!
+    PIDS+=("$PERF_PID")
+}
+PERF_COUNTS=""
+perf_stop() { # out -> PERF_COUNTS="kind=count ..." of the run just measured (not in a subshell:
+    # it waits for perf to write its counts)
+    local out=$1
+    kill -INT "$PERF_PID" 2>/dev/null || true
+    wait "$PERF_PID" 2>/dev/null || true
+    forget "$PERF_PID"
+    PERF_COUNTS=$(awk -F, '/sys_enter_/ { sub(/.*sys_enter_/, "", $3); printf "%s=%s ", $3, $1 }' "$out")
+}
+if [[ ${SYSCALLS:-0} == 1 ]]; then
+    command -v perf >/dev/null || die "SYSCALLS=1 needs perf"
+fi
+
 declare -A R # R[target,round,field]
 for round in $(seq "$ROUNDS"); do
     for target in "${ACTIVE[@]}"; do
@@ -272,7 +301,23 @@ for round in $(seq "$ROUNDS"); do
         p0=0
         [[ -n ${PID[$target]} ]] && p0=$(cpu_ticks "${PID[$target]}")
         read -r m0 sq0 <<<"$(machine_ticks)"
+        if [[ ${SYSCALLS:-0} == 1 ]]; then
+            [[ -n ${PID[$target]} ]] && { perf_start "$out.perf-proxy" "${PID[$target]}"; proxy_perf=$PERF_PID; }
+            perf_start "$out.perf-backend" "$BACKEND_PID"
+            backend_perf=$PERF_PID
+        fi
         run_wrk "$DURATION" "$WRK_LIMIT" "$url" "$out"
+        if [[ ${SYSCALLS:-0} == 1 ]]; then
+            PERF_PID=$backend_perf
+            perf_stop "$out.perf-backend"
+            R[$target,$round,sys_backend]=$PERF_COUNTS
+            R[$target,$round,sys_proxy]=""
+            if [[ -n ${PID[$target]} ]]; then
+                PERF_PID=$proxy_perf
+                perf_stop "$out.perf-proxy"
+                R[$target,$round,sys_proxy]=$PERF_COUNTS
+            fi
+        fi
         read -r m1 sq1 <<<"$(machine_ticks)"
         p1=0
         [[ -n ${PID[$target]} ]] && p1=$(cpu_ticks "${PID[$target]}")
@@ -360,6 +405,33 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
             -v g="$g_cpu" -v h="$n_cpu" 'BEGIN {
             printf "gpulb (body read) vs gpulb-nobody (median runs): req/s %.3fx, p50 %.3fx, p99 %.3fx, proxy CPU µs/req %.3fx\n",
                 a / b, c / d, e / f, g / h }'
+    fi
+    if [[ ${SYSCALLS:-0} == 1 ]]; then
+        echo
+        echo "System calls per request in each target's median run (\`perf stat\` on the syscall tracepoints over the measured run; a proxy's process and its children):"
+        echo
+        echo "| target |$(for k in $SYSCALL_KINDS; do printf ' proxy %s |' "$k"; done) proxy total |$(for k in $SYSCALL_KINDS; do printf ' backend %s |' "$k"; done)"
+        echo "|---|$(for _ in $SYSCALL_KINDS; do printf -- '---:|'; done)---:|$(for _ in $SYSCALL_KINDS; do printf -- '---:|'; done)"
+        for t in "${ACTIVE[@]}"; do
+            r=$(median_round "$t")
+            awk -v t="$t" -v kinds="$SYSCALL_KINDS" -v n="${R[$t,$r,requests]}" \
+                -v proxy="${R[$t,$r,sys_proxy]}" -v backend="${R[$t,$r,sys_backend]}" '
+                function per(list, kind,   i, a, kv) {
+                    split(list, a, " ")
+                    for (i in a) { split(a[i], kv, "="); if (kv[1] == kind) return kv[2] / n }
+                    return -1
+                }
+                BEGIN {
+                    k = split(kinds, kind, " "); line = "| " t " |"; total = 0
+                    for (i = 1; i <= k; i++) {
+                        v = per(proxy, kind[i]); if (v >= 0) total += v
+                        line = line (v < 0 ? " - |" : sprintf(" %.2f |", v))
+                    }
+                    line = line (proxy == "" ? " - |" : sprintf(" %.2f |", total))
+                    for (i = 1; i <= k; i++) { v = per(backend, kind[i]); line = line (v < 0 ? " - |" : sprintf(" %.2f |", v)) }
+                    print line
+                }'
+        done
     fi
     echo
     echo "Every run (req/s, p50 ms, p99 ms, proxy CPU µs/req, other CPU %):"
