@@ -133,7 +133,13 @@ impl ProxyHttp for Gpulb {
         session
             .as_downstream_mut()
             .set_read_timeout(Some(snapshot.config.timeouts.client_body));
-        let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
+        let class = &snapshot.classes[ctx.class];
+        let class_metrics = Arc::clone(
+            class
+                .state
+                .metrics
+                .get_or_init(|| self.metrics.class(&class.name)),
+        );
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
         if let Some(error) = refused {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
