@@ -132,7 +132,7 @@ async fn respond(session: &mut Session, ctx: &mut RequestCtx, answer: Answer) ->
     }
     resp.insert_header(http::header::CONTENT_LENGTH, answer.body.len())?;
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.as_str())?;
+        resp.insert_header(ctx.id_header(), id.value())?;
     }
     super::keep_tail(ctx.tail.get_or_insert_with(Default::default), &answer.body);
     ctx.first_body_byte = Some(std::time::Instant::now());

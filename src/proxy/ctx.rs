@@ -2,11 +2,12 @@
 
 use crate::admission::TenantSlot;
 use crate::error::ProxyError;
+use crate::headers::RequestId;
 use crate::metrics::ClassMetrics;
 use crate::request::BodyFacts;
 use crate::routing::Snapshot;
 use crate::routing::{Demand, Lease, Slot};
-use http::HeaderName;
+use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ pub struct RequestCtx {
     /// Backends whose connect failed for this request; never chosen again for it.
     pub(crate) failed: Vec<usize>,
     /// Request id, forwarded and echoed.
-    pub(crate) request_id: Option<String>,
+    pub(crate) request_id: Option<RequestId>,
     /// Why the request failed or was refused, when it did.
     pub(crate) failure: Option<ProxyError>,
     /// The current attempt's outcome already went to outlier detection.
@@ -85,11 +86,11 @@ impl RequestCtx {
         }
     }
 
-    /// The request id header name in force.
-    pub fn id_header(&self) -> HeaderName {
+    /// The request id header name in force, as written on the wire.
+    pub fn id_header(&self) -> Bytes {
         self.snapshot.as_ref().map_or_else(
-            || HeaderName::from_static("x-request-id"),
-            |s| s.config.compiled.request_id_header.clone(),
+            || Bytes::from_static(b"x-request-id"),
+            |s| s.config.compiled.request_id_wire.clone(),
         )
     }
 }

@@ -3,6 +3,7 @@
 use super::ctx::RequestCtx;
 use crate::access_log::{self, AccessRecord};
 use crate::error::ProxyError;
+use crate::headers::RequestId;
 use crate::request;
 use pingora::prelude::*;
 use pingora::proxy::Session;
@@ -72,7 +73,7 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
         .map_or("", |c| c.name.as_str());
     let req = session.req_header();
     access_log::log(&AccessRecord {
-        request_id: ctx.request_id.as_deref().unwrap_or(""),
+        request_id: ctx.request_id.as_ref().map_or("", RequestId::as_str),
         method: req.method.as_str(),
         path: req.uri.path(),
         class,

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{ensure_request_id, refuse, respond_error, respond_models};
+use respond::{refuse, request_id, respond_error, respond_models};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -102,7 +102,10 @@ impl ProxyHttp for Gpulb {
         crate::connections::mark_active(session);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
-        ctx.request_id = Some(ensure_request_id(session, &compiled.request_id_header)?);
+        ctx.request_id = Some(request_id(
+            session.req_header(),
+            &compiled.request_id_header,
+        ));
         ctx.snapshot = Some(Arc::clone(&snapshot));
         match tenant::identify(session.req_header(), compiled, &snapshot.config.tenants) {
             Ok(tenant) => ctx.tenant = tenant,
@@ -130,7 +133,13 @@ impl ProxyHttp for Gpulb {
         session
             .as_downstream_mut()
             .set_read_timeout(Some(snapshot.config.timeouts.client_body));
-        let class_metrics = self.metrics.class(&snapshot.classes[ctx.class].name);
+        let class = &snapshot.classes[ctx.class];
+        let class_metrics = Arc::clone(
+            class
+                .state
+                .metrics
+                .get_or_init(|| self.metrics.class(&class.name)),
+        );
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
         if let Some(error) = refused {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
@@ -250,19 +259,22 @@ impl ProxyHttp for Gpulb {
         for name in headers::hop_by_hop(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }
-        // A client's `Connection` header may list gpulb's own request id: put it back.
-        if let Some(id) = &ctx.request_id {
-            upstream_request.insert_header(ctx.id_header(), id.as_str())?;
+        // The id goes on as the header's one value: gpulb's own, or the client's unless its
+        // `Connection` header listed it (then it is put back).
+        if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
+            let name = &snap.config.compiled.request_id_header;
+            if !id.is_alone_in(upstream_request.headers.get_all(name)) {
+                upstream_request.insert_header(ctx.id_header(), id.value())?;
+            }
         }
         if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
-            let chain = headers::forwarded_for(
-                upstream_request.headers.get("x-forwarded-for"),
-                &client.ip().to_string(),
-            );
-            upstream_request.insert_header("x-forwarded-for", chain)?;
+            const XFF: http::HeaderName = http::HeaderName::from_static(headers::X_FORWARDED_FOR);
+            let chain = headers::forwarded_for(upstream_request.headers.get(XFF), client.ip());
+            upstream_request.insert_header(headers::X_FORWARDED_FOR, chain)?;
         }
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        upstream_request.insert_header("x-forwarded-proto", if tls { "https" } else { "http" })?;
+        upstream_request
+            .insert_header(headers::X_FORWARDED_PROTO, headers::forwarded_proto(tls))?;
         Ok(())
     }
 
@@ -288,9 +300,8 @@ impl ProxyHttp for Gpulb {
             }
             ctx.outcome_reported = true;
         }
-        if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
-            upstream_response
-                .insert_header(snap.config.compiled.request_id_header.clone(), id.as_str())?;
+        if let Some(id) = &ctx.request_id {
+            upstream_response.insert_header(ctx.id_header(), id.value())?;
         }
         Ok(())
     }

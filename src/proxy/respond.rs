@@ -2,11 +2,11 @@
 
 use super::ctx::RequestCtx;
 use crate::error::ProxyError;
-use crate::headers;
+use crate::headers::RequestId;
 use crate::routing::ModelInfo;
 use bytes::Bytes;
 use http::HeaderName;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -24,7 +24,7 @@ pub async fn respond_error(
         resp.insert_header("retry-after", seconds.to_string())?;
     }
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.as_str())?;
+        resp.insert_header(ctx.id_header(), id.value())?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
@@ -59,29 +59,17 @@ pub async fn respond_models(
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len().to_string())?;
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.as_str())?;
+        resp.insert_header(ctx.id_header(), id.value())?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
 }
 
-/// Takes the client's request id (up to 128 bytes) or adds a fresh one; returns it.
-pub fn ensure_request_id(session: &mut Session, id_header: &HeaderName) -> Result<String> {
-    let existing = session
-        .req_header()
-        .headers
+/// The client's request id (up to 128 bytes) or a fresh one; `upstream_request_filter` sends
+/// it on.
+pub fn request_id(req: &RequestHeader, id_header: &HeaderName) -> RequestId {
+    req.headers
         .get(id_header)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map(str::to_string);
-    match existing {
-        Some(id) => Ok(id),
-        None => {
-            let id = headers::new_request_id();
-            session
-                .req_header_mut()
-                .insert_header(id_header.clone(), id.as_str())?;
-            Ok(id)
-        }
-    }
+        .and_then(RequestId::from_client)
+        .unwrap_or_else(RequestId::fresh)
 }

@@ -4,12 +4,13 @@ use super::models::ServedModels;
 use super::queues::ClassQueues;
 use crate::config::ResolveError;
 use crate::health::HealthState;
+use crate::metrics::ClassMetrics;
 use crate::routing::service_time::ServiceTimes;
 use crate::telemetry::Telemetry;
 use arc_swap::ArcSwap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -186,6 +187,8 @@ pub struct ClassState {
     pub mean_tokens: AtomicU64,
     /// Its batches taking members now (classes with `batching`).
     pub batches: crate::batching::OpenBatches,
+    /// Its metric handles, looked up by name once rather than per request.
+    pub metrics: OnceLock<Arc<ClassMetrics>>,
 }
 
 impl ClassState {
@@ -197,6 +200,7 @@ impl ClassState {
             service_times: ServiceTimes::default(),
             mean_tokens: AtomicU64::new(0),
             batches: crate::batching::OpenBatches::default(),
+            metrics: OnceLock::new(),
         }
     }
 }
