@@ -7,9 +7,13 @@
 //! The stream does not parse HTTP: the proxy's hooks tell it where the exchange stands
 //! ([`mark_active`] once a header is parsed, [`mark_idle`] once a response is done), and the
 //! first byte read while idle starts the next header's clock.
+//!
+//! Between two requests the connection waits in [`GuardedStream::wait_readable`], outside
+//! pingora: what the client sends first is read there and handed to pingora's next read.
 
 use crate::metrics::{ClientTimeout, ConnectionMetrics};
 use async_trait::async_trait;
+use bytes::{Buf, Bytes};
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
     TimingDigest, UniqueID, UniqueIDType, ALPN,
@@ -69,7 +73,23 @@ pub struct GuardedStream {
     timer: Pin<Box<Sleep>>,
     header_bytes: usize,
     metrics: ConnectionMetrics,
+    /// What [`GuardedStream::wait_readable`] read, for the next reads to return first.
+    held: Option<Held>,
 }
+
+/// The outcome of a read made while waiting for a request, kept for pingora's next read.
+enum Held {
+    /// Bytes of the next request.
+    Bytes(Bytes),
+    /// The client closed, or the idle limit passed (a quiet end).
+    End,
+    /// The read failed; pingora sees the same error.
+    Error(io::Error),
+}
+
+/// Most bytes [`GuardedStream::wait_readable`] reads at once: the start of a request header
+/// (a stack buffer during the read, so an idle connection holds none).
+const WAIT_READ_BYTES: usize = 1024;
 
 impl std::fmt::Debug for GuardedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,6 +111,47 @@ impl GuardedStream {
             timer: Box::pin(tokio::time::sleep(limits.header)),
             header_bytes: 0,
             metrics,
+            held: None,
+        }
+    }
+
+    /// Waits until the client sends the start of its next request, closes, fails or runs out
+    /// of the current phase's time, as a read would; the outcome is returned by the next read.
+    /// Cancel-safe: nothing read is lost when the wait is dropped.
+    pub async fn wait_readable(&mut self) {
+        if self.held.is_some() {
+            return;
+        }
+        let held = std::future::poll_fn(|cx| {
+            let mut space = [0u8; WAIT_READ_BYTES];
+            let mut buf = ReadBuf::new(&mut space);
+            match Pin::new(&mut *self).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => Poll::Ready(Held::End),
+                Poll::Ready(Ok(())) => {
+                    Poll::Ready(Held::Bytes(Bytes::copy_from_slice(buf.filled())))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Held::Error(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        self.held = Some(held);
+    }
+
+    /// Serves a read from what [`Self::wait_readable`] kept, if anything.
+    fn take_held(&mut self, buf: &mut ReadBuf<'_>) -> Option<io::Result<()>> {
+        match self.held.take()? {
+            Held::Bytes(mut bytes) => {
+                let n = bytes.len().min(buf.remaining());
+                buf.put_slice(&bytes[..n]);
+                bytes.advance(n);
+                if !bytes.is_empty() {
+                    self.held = Some(Held::Bytes(bytes));
+                }
+                Some(Ok(()))
+            }
+            Held::End => Some(Ok(())),
+            Held::Error(e) => Some(Err(e)),
         }
     }
 
@@ -166,6 +227,11 @@ impl AsyncRead for GuardedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() > 0 {
+            if let Some(done) = this.take_held(buf) {
+                return Poll::Ready(done);
+            }
+        }
         let phase = Phase::from_u8(this.phase.load(Ordering::Acquire));
         this.arm(phase);
         if phase == Phase::Header && this.header_bytes >= this.limits.max_header_bytes {
