@@ -182,7 +182,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
         let snapshot = self.registry.load();
         let config = &snapshot.config;
         let cap = config.limits.max_connections.unwrap_or(self.automatic_cap);
-        let _permit = self.admit(cap)?;
+        let permit = self.admit(cap)?;
         let limits = ClientLimits {
             header: config.timeouts.client_header,
             idle: config.timeouts.client_idle,
@@ -193,9 +193,17 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
         let http1 = self.is_http1(&stream);
         let stream = Box::new(GuardedStream::new(stream, limits, metrics)) as Stream;
         if http1 {
-            self.serve_http1(stream, shutdown).await;
+            // A task of its own, and pingora's ends here: pingora's task is sized for its TLS
+            // handshake and accept path (~9 KiB), held for the connection's whole life.
+            let app = Arc::clone(self);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                app.serve_http1(stream, &shutdown).await;
+            });
             return None;
         }
+        let _permit = permit;
         let mut next = Some(stream);
         while let Some(stream) = next {
             next = self.inner.process_new(stream, shutdown).await;
