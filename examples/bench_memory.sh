@@ -22,6 +22,8 @@
 #   SAMPLES=5        RSS samples at load, one a second; the largest VmRSS is reported
 #   PROXY_THREADS=1  worker threads of every proxy (gpulb threads, nginx worker_processes,
 #                    HAProxy nbthread)
+#   GPULB_BIN=PATH   the gpulb binary measured (default target/release/gpulb), e.g. an older
+#                    build to compare with; the sim always runs target/release/gpulb
 #   SKIP_BUILD=1     use the existing release binaries
 #   KEEP_TMP=1       keep the temp dir (configs, load tool output, logs) and print its path
 #   RESULTS=FILE     also write the report to FILE
@@ -161,15 +163,16 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     log "cargo build --release --bin gpulb --example hold_connections"
     cargo build --release --bin gpulb --example hold_connections >&2
 fi
-GPULB_BIN=$ROOT/target/release/gpulb
+SIM_BIN=$ROOT/target/release/gpulb
+GPULB_BIN=${GPULB_BIN:-$SIM_BIN}
 HOLD_BIN=$ROOT/target/release/examples/hold_connections
-[[ -x $GPULB_BIN && -x $HOLD_BIN ]] || die "release binaries missing; build without SKIP_BUILD"
+[[ -x $SIM_BIN && -x $GPULB_BIN && -x $HOLD_BIN ]] || die "release binaries missing; build without SKIP_BUILD"
 
 # ---------------------------------------------------------------- the simulated backend
 SIM_PORT=$(free_port)
 BACKEND=127.0.0.1:$SIM_PORT
 MAX_RUNNING=$((STREAMS > 16 ? STREAMS + 16 : 32))
-"$GPULB_BIN" sim --listen "$BACKEND" --name sim0 --decode-step "$DECODE_STEP" \
+"$SIM_BIN" sim --listen "$BACKEND" --name sim0 --decode-step "$DECODE_STEP" \
     --max-running "$MAX_RUNNING" --kv-budget-tokens 4000000000 >"$TMP/sim.log" 2>&1 &
 SIM_PID=$!
 PIDS+=("$SIM_PID")
@@ -270,6 +273,7 @@ mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ uncommitted changes in src/)"
+[[ $GPULB_BIN == "$SIM_BIN" ]] || rev="binary $GPULB_BIN (tree at $rev)"
 {
     echo "### Memory: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo

@@ -365,7 +365,7 @@ async fn run(shared: Arc<Shared>) {
                 }
                 if !ready && (shared.settled() || start.elapsed() >= shared.args.ready_timeout) {
                     ready = true;
-                    println!("READY {line}");
+                    println!("READY {}", shared.line());
                 }
             }
             _ = term.recv() => break,
