@@ -352,3 +352,78 @@ impl Peek for GuardedStream {
         self.inner.try_peek(buf).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    fn limits() -> ClientLimits {
+        ClientLimits {
+            header: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            max_header_bytes: 64 * 1024,
+        }
+    }
+
+    /// A guarded server end, idle between two requests, and its client end.
+    async fn idle_pair(limits: ClientLimits) -> (GuardedStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let stream: Stream = Box::new(pingora::protocols::l4::stream::Stream::from(server));
+        let metrics = crate::metrics::Metrics::new(1).connections().clone();
+        let guarded = GuardedStream::new(stream, limits, metrics);
+        guarded.set_phase(Phase::Idle);
+        (guarded, client)
+    }
+
+    #[tokio::test]
+    async fn what_the_wait_read_comes_first_and_counts_once() {
+        let (mut guarded, mut client) = idle_pair(limits()).await;
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        guarded.wait_readable().await;
+        let phase = Phase::from_u8(guarded.phase.load(Ordering::Acquire));
+        assert_eq!(
+            phase,
+            Phase::Header,
+            "the first byte starts the header clock"
+        );
+        client.write_all(b"host: x\r\n\r\n").await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4]; // reads smaller than what was held get it in pieces
+        while got.len() < 27 {
+            let n = guarded.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert_eq!(guarded.header_bytes, 27);
+    }
+
+    #[tokio::test]
+    async fn a_close_during_the_wait_is_the_end_of_the_next_read() {
+        let (mut guarded, client) = idle_pair(limits()).await;
+        drop(client);
+        guarded.wait_readable().await;
+        let mut buf = [0u8; 8];
+        assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_wait_ends_at_client_idle() {
+        let short = ClientLimits {
+            idle: Duration::from_millis(50),
+            ..limits()
+        };
+        let (mut guarded, _client) = idle_pair(short).await;
+        tokio::time::timeout(Duration::from_secs(5), guarded.wait_readable())
+            .await
+            .expect("client_idle ends the wait");
+        let mut buf = [0u8; 8];
+        assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
+    }
+}
