@@ -21,10 +21,12 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 /// Each client connection's socket buffers in gpulb: pingora's default read buffer is 64 KiB,
-/// held for the connection's whole life, idle or not; a request header fits in far less, and
-/// bodies are read into buffers of their own. (nginx's `client_header_buffer_size` is 1 KiB.)
+/// held for the connection's whole life, idle or not. None at all: pingora reads a request
+/// header into a buffer of its own (4 KiB, allocated per request) and bodies likewise, so a
+/// read buffer under them is a copy that an idle connection would hold. (nginx's
+/// `client_header_buffer_size` is 1 KiB.)
 const CLIENT_BUFFERS: L4BufferSettings = L4BufferSettings {
-    read: Some(4096),
+    read: Some(0),
     write: None,
 };
 

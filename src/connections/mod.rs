@@ -1,6 +1,7 @@
 //! Client connections below HTTP: the `limits.max_connections` cap (a connection over it is
 //! closed at once, logged and counted, instead of the process running out of file
-//! descriptors) and the per-connection deadlines of [`stream`].
+//! descriptors), the per-connection deadlines of [`stream`], and the HTTP/1 keep-alive loop,
+//! so that an idle connection waits here holding its socket and little else.
 
 mod stream;
 
@@ -9,11 +10,13 @@ pub use stream::{mark_active, mark_idle, ClientLimits, GuardedStream};
 use crate::metrics::Metrics;
 use crate::routing::Registry;
 use async_trait::async_trait;
-use pingora::apps::ServerApp;
-use pingora::protocols::Stream;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// File descriptors kept back from the automatic connection cap: listeners, logs, health checks.
 const FD_RESERVE: usize = 128;
@@ -58,6 +61,10 @@ pub struct GuardedApp<A> {
     open: Arc<AtomicUsize>,
     /// Seconds (monotonic) of the last "refused" log line, so a flood logs once a second.
     last_refusal_log: AtomicU64,
+    /// Set, and the idle connections woken, when the service stops (pingora's `cleanup`): they
+    /// close then, as those waiting inside pingora do.
+    stopping: AtomicBool,
+    stop: Notify,
 }
 
 impl<A> GuardedApp<A> {
@@ -70,6 +77,8 @@ impl<A> GuardedApp<A> {
             automatic_cap: automatic_max_connections(),
             open: Arc::default(),
             last_refusal_log: AtomicU64::new(u64::MAX),
+            stopping: AtomicBool::new(false),
+            stop: Notify::new(),
         }
     }
 
@@ -106,8 +115,65 @@ impl<A> GuardedApp<A> {
     }
 }
 
+impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
+    /// Whether pingora would serve `stream` as HTTP/1 (not h2c, HTTP/2 by ALPN or custom).
+    fn is_http1(&self, stream: &Stream) -> bool {
+        let options = self.inner.server_options();
+        let h2c = options.is_some_and(|o| o.h2c) && stream.get_ssl_digest().is_none();
+        let custom = options.is_some_and(|o| o.force_custom);
+        !h2c && !custom && matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1))
+    }
+
+    /// The requests of an HTTP/1 connection, as pingora's own loop serves them (pingora-core
+    /// `apps/mod.rs`), except that between two requests the connection waits here: pingora's
+    /// per-request state (the session, its header buffer and the proxy's request future) is
+    /// allocated when the next request's first bytes arrive, not held while idle.
+    async fn serve_http1(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
+        let mut session = ServerSession::new_http1(stream);
+        session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        session.set_keepalive_reuses_remaining(
+            self.inner
+                .server_options()
+                .and_then(|o| o.keepalive_request_limit),
+        );
+        loop {
+            let Some(reused) = self.inner.process_new_http(session, shutdown).await else {
+                return;
+            };
+            let (stream, settings) = reused.consume();
+            let Some(stream) = self.wait_for_request(stream).await else {
+                return;
+            };
+            session = ServerSession::new_http1(stream);
+            if let Some(settings) = settings {
+                settings.apply_to_session(&mut session);
+            }
+        }
+    }
+
+    /// Waits for the next request on a kept-alive connection, under its idle deadline; `None`
+    /// when the service stops first (the connection is then closed).
+    async fn wait_for_request(&self, stream: Stream) -> Option<Stream> {
+        if !stream.as_any().is::<GuardedStream>() {
+            return Some(stream); // not ours: pingora waits, as before
+        }
+        let Ok(mut guarded) = stream.into_any().downcast::<GuardedStream>() else {
+            return None;
+        };
+        let stopped = self.stop.notified();
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            () = guarded.wait_readable() => Some(guarded as Stream),
+            () = stopped => None,
+        }
+    }
+}
+
 #[async_trait]
-impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,
@@ -116,14 +182,29 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
         let snapshot = self.registry.load();
         let config = &snapshot.config;
         let cap = config.limits.max_connections.unwrap_or(self.automatic_cap);
-        let _permit = self.admit(cap)?;
+        let permit = self.admit(cap)?;
         let limits = ClientLimits {
             header: config.timeouts.client_header,
             idle: config.timeouts.client_idle,
             max_header_bytes: config.limits.max_header_bytes,
         };
+        drop(snapshot);
         let metrics = self.metrics.connections().clone();
-        let mut next = Some(Box::new(GuardedStream::new(stream, limits, metrics)) as Stream);
+        let http1 = self.is_http1(&stream);
+        let stream = Box::new(GuardedStream::new(stream, limits, metrics)) as Stream;
+        if http1 {
+            // A task of its own, and pingora's ends here: pingora's task is sized for its TLS
+            // handshake and accept path (~9 KiB), held for the connection's whole life.
+            let app = Arc::clone(self);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                app.serve_http1(stream, &shutdown).await;
+            });
+            return None;
+        }
+        let _permit = permit;
+        let mut next = Some(stream);
         while let Some(stream) = next {
             next = self.inner.process_new(stream, shutdown).await;
         }
@@ -131,6 +212,8 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
     }
 
     async fn cleanup(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.stop.notify_waiters();
         self.inner.cleanup().await
     }
 }

@@ -7,9 +7,13 @@
 //! The stream does not parse HTTP: the proxy's hooks tell it where the exchange stands
 //! ([`mark_active`] once a header is parsed, [`mark_idle`] once a response is done), and the
 //! first byte read while idle starts the next header's clock.
+//!
+//! Between two requests the connection waits in [`GuardedStream::wait_readable`], outside
+//! pingora: what the client sends first is read there and handed to pingora's next read.
 
 use crate::metrics::{ClientTimeout, ConnectionMetrics};
 use async_trait::async_trait;
+use bytes::{Buf, Bytes};
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
     TimingDigest, UniqueID, UniqueIDType, ALPN,
@@ -69,7 +73,23 @@ pub struct GuardedStream {
     timer: Pin<Box<Sleep>>,
     header_bytes: usize,
     metrics: ConnectionMetrics,
+    /// What [`GuardedStream::wait_readable`] read, for the next reads to return first.
+    held: Option<Held>,
 }
+
+/// The outcome of a read made while waiting for a request, kept for pingora's next read.
+enum Held {
+    /// Bytes of the next request.
+    Bytes(Bytes),
+    /// The client closed, or the idle limit passed (a quiet end).
+    End,
+    /// The read failed; pingora sees the same error.
+    Error(io::Error),
+}
+
+/// Most bytes [`GuardedStream::wait_readable`] reads at once: the start of a request header
+/// (a stack buffer during the read, so an idle connection holds none).
+const WAIT_READ_BYTES: usize = 1024;
 
 impl std::fmt::Debug for GuardedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,6 +111,47 @@ impl GuardedStream {
             timer: Box::pin(tokio::time::sleep(limits.header)),
             header_bytes: 0,
             metrics,
+            held: None,
+        }
+    }
+
+    /// Waits until the client sends the start of its next request, closes, fails or runs out
+    /// of the current phase's time, as a read would; the outcome is returned by the next read.
+    /// Cancel-safe: nothing read is lost when the wait is dropped.
+    pub async fn wait_readable(&mut self) {
+        if self.held.is_some() {
+            return;
+        }
+        let held = std::future::poll_fn(|cx| {
+            let mut space = [0u8; WAIT_READ_BYTES];
+            let mut buf = ReadBuf::new(&mut space);
+            match Pin::new(&mut *self).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => Poll::Ready(Held::End),
+                Poll::Ready(Ok(())) => {
+                    Poll::Ready(Held::Bytes(Bytes::copy_from_slice(buf.filled())))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Held::Error(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        self.held = Some(held);
+    }
+
+    /// Serves a read from what [`Self::wait_readable`] kept, if anything.
+    fn take_held(&mut self, buf: &mut ReadBuf<'_>) -> Option<io::Result<()>> {
+        match self.held.take()? {
+            Held::Bytes(mut bytes) => {
+                let n = bytes.len().min(buf.remaining());
+                buf.put_slice(&bytes[..n]);
+                bytes.advance(n);
+                if !bytes.is_empty() {
+                    self.held = Some(Held::Bytes(bytes));
+                }
+                Some(Ok(()))
+            }
+            Held::End => Some(Ok(())),
+            Held::Error(e) => Some(Err(e)),
         }
     }
 
@@ -166,6 +227,11 @@ impl AsyncRead for GuardedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() > 0 {
+            if let Some(done) = this.take_held(buf) {
+                return Poll::Ready(done);
+            }
+        }
         let phase = Phase::from_u8(this.phase.load(Ordering::Acquire));
         this.arm(phase);
         if phase == Phase::Header && this.header_bytes >= this.limits.max_header_bytes {
@@ -284,5 +350,80 @@ impl GetSocketDigest for GuardedStream {
 impl Peek for GuardedStream {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    fn limits() -> ClientLimits {
+        ClientLimits {
+            header: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            max_header_bytes: 64 * 1024,
+        }
+    }
+
+    /// A guarded server end, idle between two requests, and its client end.
+    async fn idle_pair(limits: ClientLimits) -> (GuardedStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let stream: Stream = Box::new(pingora::protocols::l4::stream::Stream::from(server));
+        let metrics = crate::metrics::Metrics::new(1).connections().clone();
+        let guarded = GuardedStream::new(stream, limits, metrics);
+        guarded.set_phase(Phase::Idle);
+        (guarded, client)
+    }
+
+    #[tokio::test]
+    async fn what_the_wait_read_comes_first_and_counts_once() {
+        let (mut guarded, mut client) = idle_pair(limits()).await;
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        guarded.wait_readable().await;
+        let phase = Phase::from_u8(guarded.phase.load(Ordering::Acquire));
+        assert_eq!(
+            phase,
+            Phase::Header,
+            "the first byte starts the header clock"
+        );
+        client.write_all(b"host: x\r\n\r\n").await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4]; // reads smaller than what was held get it in pieces
+        while got.len() < 27 {
+            let n = guarded.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert_eq!(guarded.header_bytes, 27);
+    }
+
+    #[tokio::test]
+    async fn a_close_during_the_wait_is_the_end_of_the_next_read() {
+        let (mut guarded, client) = idle_pair(limits()).await;
+        drop(client);
+        guarded.wait_readable().await;
+        let mut buf = [0u8; 8];
+        assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_wait_ends_at_client_idle() {
+        let short = ClientLimits {
+            idle: Duration::from_millis(50),
+            ..limits()
+        };
+        let (mut guarded, _client) = idle_pair(short).await;
+        tokio::time::timeout(Duration::from_secs(5), guarded.wait_readable())
+            .await
+            .expect("client_idle ends the wait");
+        let mut buf = [0u8; 8];
+        assert_eq!(guarded.read(&mut buf).await.unwrap(), 0);
     }
 }

@@ -57,7 +57,7 @@ pub struct RequestCtx {
     /// Which backends its model allows, and its estimated size.
     pub(crate) demand: Demand,
     /// The end of the response body, kept for a read body to find the backend's `usage` in.
-    pub(crate) tail: Option<bytes::BytesMut>,
+    pub(crate) tail: Option<Vec<u8>>,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
     /// The current attempt's first-byte and idle deadlines, when they differ.
