@@ -29,6 +29,10 @@ use crate::utils::BufRef;
 
 // TODO: make this dynamically adjusted
 const BODY_BUFFER_SIZE: usize = 1024 * 64;
+/// The first read of a body asks for this much; a read that fills what it asked for doubles
+/// the next one, up to the body buffer size (gpulb's patch: a slow token stream, whose reads
+/// are a few hundred bytes, holds a small buffer for its whole life instead of 64 KiB).
+const FIRST_READ_SIZE: usize = 1024 * 4;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2
@@ -148,6 +152,8 @@ pub struct BodyReader {
     pub body_state: ParseState,
     pub body_buf: Option<BytesMut>,
     pub body_buf_size: usize,
+    /// What the next read asks for: grows from [`FIRST_READ_SIZE`] to `body_buf_size`.
+    read_size_now: usize,
     rewind_buf_len: usize,
     upstream: bool,
     body_buf_overread: Option<BytesMut>,
@@ -159,6 +165,7 @@ impl BodyReader {
             body_state: PS::ToStart,
             body_buf: None,
             body_buf_size: BODY_BUFFER_SIZE,
+            read_size_now: FIRST_READ_SIZE,
             rewind_buf_len: 0,
             upstream,
             body_buf_overread: None,
@@ -173,8 +180,21 @@ impl BodyReader {
         self.body_state = PS::ToStart;
     }
 
+    /// How much the next read of the body asks for.
+    fn io_read_size(&self) -> usize {
+        self.read_size_now.min(self.body_buf_size)
+    }
+
+    /// A read asked for `asked` bytes and got `got`: one that filled its ask doubles the next.
+    fn note_read(&mut self, asked: usize, got: usize) {
+        if got >= asked && self.read_size_now < self.body_buf_size {
+            self.read_size_now = (self.read_size_now * 2).min(self.body_buf_size);
+        }
+    }
+
     fn prepare_buf(&mut self, buf_to_rewind: &[u8]) {
-        let mut body_buf = BytesMut::with_capacity(self.body_buf_size.max(buf_to_rewind.len()));
+        self.read_size_now = FIRST_READ_SIZE;
+        let mut body_buf = BytesMut::with_capacity(self.io_read_size().max(buf_to_rewind.len()));
         if !buf_to_rewind.is_empty() {
             self.rewind_buf_len = buf_to_rewind.len();
             // TODO: this is still 1 copy. Make it zero
@@ -189,6 +209,7 @@ impl BodyReader {
     /// past the end of a request header stay in place all the way through body parsing and, for
     /// pipelined connections, into the next request's buffer.
     fn prepare_owned_buf(&mut self, buf_to_rewind: BytesMut) {
+        self.read_size_now = FIRST_READ_SIZE;
         self.rewind_buf_len = buf_to_rewind.len();
         self.body_buf = Some(buf_to_rewind);
     }
@@ -404,8 +425,8 @@ impl BodyReader {
         // downstream should not discard remaining data if peer sent more, so cap the read at what
         // is left of this body and leave anything past it on the stream
         let read_size = match self.body_state {
-            PS::Partial(_, remaining) if !self.upstream => remaining.min(self.body_buf_size),
-            _ => self.body_buf_size,
+            PS::Partial(_, remaining) if !self.upstream => remaining.min(self.io_read_size()),
+            _ => self.io_read_size(),
         };
         if n == 0 {
             /* Need to actually read */
@@ -415,6 +436,7 @@ impl BodyReader {
                 .read_buf(body_buf)
                 .await
                 .or_err(ReadError, "when reading body")?;
+            self.note_read(read_size, n);
         }
         match self.body_state {
             PS::Partial(read, to_read) => {
@@ -462,13 +484,14 @@ impl BodyReader {
         self.rewind_buf_len = 0; // we only need to read rewind data once
         if n == 0 {
             /* Need to actually read */
-            let read_size = self.body_buf_size;
+            let read_size = self.io_read_size();
             let body_buf = self.prepare_buf_for_io(read_size);
             n = stream
                 .take(read_size as u64)
                 .read_buf(body_buf)
                 .await
                 .or_err(ReadError, "when reading body")?;
+            self.note_read(read_size, n);
         }
         match self.body_state {
             PS::UntilClose(read) => {
@@ -500,13 +523,14 @@ impl BodyReader {
                         existing_buf_end = self.rewind_buf_len;
                         self.rewind_buf_len = 0; // we only need to read rewind data once
                         if existing_buf_end == 0 {
-                            let read_size = self.body_buf_size;
+                            let read_size = self.io_read_size();
                             let body_buf = self.prepare_buf_for_io(read_size);
                             existing_buf_end = stream
                                 .take(read_size as u64)
                                 .read_buf(body_buf)
                                 .await
                                 .or_err(ReadError, "when reading body")?;
+                            self.note_read(read_size, existing_buf_end);
                         }
                     } else {
                         /* existing_buf_end != 0 this is partial chunk head */
