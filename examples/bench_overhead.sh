@@ -50,44 +50,9 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-bench.XXXXXX")
 chmod 755 "$TMP" # nginx workers may run as another user
 INVOCATION="$0${*:+ $*}"
 
-log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-# ---------------------------------------------------------------- process bookkeeping
-PIDS=()
-cleanup() {
-    local status=$? pid all=() child
-    trap - EXIT INT TERM
-    for pid in "${PIDS[@]}"; do
-        [[ -n $pid ]] || continue
-        all+=("$pid")
-        for child in $(pgrep -P "$pid" 2>/dev/null || true); do all+=("$child"); done
-    done
-    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
-        local alive=0
-        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        [[ $alive == 0 ]] && break
-        sleep 0.1
-    done
-    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    if [[ ${KEEP_TMP:-0} == 1 ]]; then
-        log "kept $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-forget() { # drop a finished pid from PIDS
-    local p keep=()
-    for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-    PIDS=("${keep[@]}")
-}
+LOG_TAG=bench
+# shellcheck source=examples/bench_procs.sh
+source "$ROOT/examples/bench_procs.sh"
 
 # ---------------------------------------------------------------- helpers
 seconds() { # 10s | 2m | 10 -> whole seconds
@@ -99,32 +64,6 @@ seconds() { # 10s | 2m | 10 -> whole seconds
         *h) echo $(("${d%h}" * 3600)) ;;
         *) echo "$d" ;;
     esac
-}
-
-port_in_use() { ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
-USED_PORTS=" "
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! port_in_use "$p"; then USED_PORTS+="$p "; echo "$p"; return; fi
-    done
-    die "no free port found"
-}
-
-# Waits (up to 10 s) until a POST to http://$1 answers 200.
-wait_ready() {
-    local addr=$1 name=$2 pid=$3 code
-    for _ in $(seq 100); do
-        kill -0 "$pid" 2>/dev/null || die "$name exited at start-up (see its log in $TMP; rerun with KEEP_TMP=1)"
-        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 -X POST \
-            -H 'content-type: application/json' -d '{"prompt":"ready?"}' \
-            "http://$addr$WRK_PATH" 2>/dev/null || true)
-        [[ $code == 200 ]] && return 0
-        sleep 0.1
-    done
-    die "$name at $addr did not answer 200 within 10 s (last code: ${code:-none})"
 }
 
 # utime+stime, in clock ticks, of a process and its children.
