@@ -1,6 +1,7 @@
 //! SIGTERM drains: readiness turns false at once, traffic is served through `drain_delay`, then
 //! the listener stops accepting (a new connection is refused) while a stream in flight runs to
-//! its `[DONE]`, and only then does the process exit. Probes answer without a token.
+//! its `[DONE]`, and only then does the process exit; an idle keep-alive client is closed at
+//! once. Probes answer without a token.
 
 mod common;
 
@@ -62,6 +63,32 @@ async fn a_stream_in_flight_completes_across_sigterm() {
     let status = proxy.wait_exit().await;
     assert!(status.success(), "{status:?}");
     assert!(signalled.elapsed() < WAIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keepalive_client_is_closed_on_sigterm_while_a_stream_drains() {
+    // The connection waits for its next request in gpulb's own keep-alive loop, not pingora's:
+    // stopping must close it there too, while a stream still drains, long before
+    // `timeouts.client_idle`.
+    // 40 tokens at 100 ms each: a stream of about four seconds keeps the drain going.
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(100)).await;
+    let config = Config::fleet(&workers)
+        .set("shutdown_timeout", "30s")
+        .set("timeouts", "{client_idle: 60s}");
+    let mut proxy = Proxy::start(config).await;
+    let mut raw = common::Raw::connect(&proxy.url).await;
+    raw.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert_eq!(raw.answer().await.status, 200);
+    let stream = proxy.spawn(Req::completion_stream(40));
+    proxy.wait_outstanding("w0", 1).await;
+    proxy.signal(libc::SIGTERM);
+    assert!(
+        raw.closed_within(Duration::from_secs(2)).await,
+        "the idle keep-alive connection stayed open through the drain"
+    );
+    assert!(!stream.is_finished(), "the stream ended before the check");
+    assert_eq!(stream.await.unwrap().status, 200);
+    assert!(proxy.wait_exit().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
