@@ -170,7 +170,12 @@ pub fn build_server(
         ),
     );
     // Client connections are capped and given deadlines below HTTP (connections/).
-    let guarded = GuardedApp::new(proxy_app, Arc::clone(&registry), Arc::clone(&metrics));
+    let guarded = GuardedApp::new(
+        proxy_app,
+        Arc::clone(&registry),
+        Arc::clone(&metrics),
+        lifecycle.open_http1(),
+    );
     let mut proxy = Service::new("gpulb proxy".to_string(), guarded);
     let mut listener = ListenerConfig::tcp(listen.to_string()).l4_buffer(CLIENT_BUFFERS);
     if let Some(resolver) = &listener_cert {

@@ -1,7 +1,8 @@
 //! SIGTERM drains: readiness turns false at once, traffic is served through `drain_delay`, then
 //! the listener stops accepting (a new connection is refused) while a stream in flight runs to
-//! its `[DONE]`, and only then does the process exit; an idle keep-alive client is closed at
-//! once. Probes answer without a token.
+//! its `[DONE]`, and only then does the process exit; a client connection silent when the
+//! listener closes is closed after its last call (half a second) and one whose request comes
+//! just then is answered. Probes answer without a token.
 
 mod common;
 
@@ -86,6 +87,51 @@ async fn an_idle_keepalive_client_is_closed_on_sigterm_while_a_stream_drains() {
         raw.closed_within(Duration::from_secs(2)).await,
         "the idle keep-alive connection stayed open through the drain"
     );
+    assert!(!stream.is_finished(), "the stream ended before the check");
+    assert_eq!(stream.await.unwrap().status, 200);
+    assert!(proxy.wait_exit().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_as_the_listener_closes_is_answered_not_cut() {
+    // HTTP/1 cannot tell a connection cut as its request went out from a request lost, so a
+    // connection open when the listener closes still answers a request sent just then (its last
+    // call): a kept-alive one between requests and a fresh one not asked anything yet. Both get
+    // the drain's 503 and are closed after it, while a stream drains.
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(100)).await;
+    let config = Config::fleet(&workers)
+        .set("shutdown_timeout", "30s")
+        .set("timeouts", "{client_idle: 60s, client_header: 60s}");
+    let mut proxy = Proxy::start(config).await;
+    let mut kept = common::Raw::connect(&proxy.url).await;
+    kept.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    assert_eq!(kept.answer().await.status, 200);
+    let mut fresh = common::Raw::connect(&proxy.url).await;
+    let stream = proxy.spawn(Req::completion_stream(40));
+    proxy.wait_outstanding("w0", 1).await;
+    // kept, fresh and the stream's: all three accepted before the listener closes.
+    eventually(WAIT, "three client connections open", || async {
+        (proxy.metric("gpulb_client_connections").await >= 3.0).then_some(())
+    })
+    .await;
+    proxy.signal(libc::SIGTERM);
+    let addr = proxy.url.trim_start_matches("http://").to_string();
+    eventually(WAIT, "the listener to close", || async {
+        tokio::net::TcpStream::connect(&addr).await.err()
+    })
+    .await;
+    for (name, raw) in [("kept-alive", &mut kept), ("fresh", &mut fresh)] {
+        raw.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        let answer = raw.answer().await;
+        assert_eq!(answer.status, 503, "{name}: {}", answer.text);
+        let head = answer.text.to_ascii_lowercase();
+        assert!(head.contains("connection: close"), "{name}: {head}");
+        assert!(
+            raw.closed_within(Duration::from_secs(2)).await,
+            "{name}: still open after its last answer"
+        );
+    }
     assert!(!stream.is_finished(), "the stream ended before the check");
     assert_eq!(stream.await.unwrap().status, 200);
     assert!(proxy.wait_exit().await.success());

@@ -14,9 +14,17 @@ use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Once the service stops, how long an HTTP/1 connection still waits for a request it has not
+/// sent yet (its first, or its next on keep-alive): a client that sent one as the stop came is
+/// answered (its connection closed after the response) instead of finding it cut, which HTTP/1
+/// cannot tell from a dropped request. Connections still silent then are closed.
+pub const LAST_CALL: Duration = Duration::from_millis(500);
 
 /// File descriptors kept back from the automatic connection cap: listeners, logs, health checks.
 const FD_RESERVE: usize = 128;
@@ -61,15 +69,39 @@ pub struct GuardedApp<A> {
     open: Arc<AtomicUsize>,
     /// Seconds (monotonic) of the last "refused" log line, so a flood logs once a second.
     last_refusal_log: AtomicU64,
-    /// Set, and the idle connections woken, when the service stops (pingora's `cleanup`): they
-    /// close then, as those waiting inside pingora do.
-    stopping: AtomicBool,
+    /// When the service stopped (pingora's `cleanup`), the waiting connections woken then: each
+    /// gets until [`LAST_CALL`] after it for its request, and closes if none comes.
+    stopped_at: OnceLock<Instant>,
     stop: Notify,
+    /// HTTP/1 connections open in gpulb's keep-alive loop, which the drain waits for.
+    open_http1: Arc<AtomicUsize>,
+}
+
+/// One HTTP/1 connection in gpulb's keep-alive loop, counted for as long as it lives.
+struct Http1Open(Arc<AtomicUsize>);
+
+impl Http1Open {
+    fn new(open: &Arc<AtomicUsize>) -> Http1Open {
+        open.fetch_add(1, Ordering::AcqRel);
+        Http1Open(Arc::clone(open))
+    }
+}
+
+impl Drop for Http1Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<A> GuardedApp<A> {
-    /// Guards `inner` with the limits of `registry`'s current config.
-    pub fn new(inner: A, registry: Arc<Registry>, metrics: Arc<Metrics>) -> GuardedApp<A> {
+    /// Guards `inner` with the limits of `registry`'s current config; `open_http1` counts the
+    /// HTTP/1 connections open (the drain waits for them, see [`LAST_CALL`]).
+    pub fn new(
+        inner: A,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        open_http1: Arc<AtomicUsize>,
+    ) -> GuardedApp<A> {
         GuardedApp {
             inner: Arc::new(inner),
             registry,
@@ -77,8 +109,9 @@ impl<A> GuardedApp<A> {
             automatic_cap: automatic_max_connections(),
             open: Arc::default(),
             last_refusal_log: AtomicU64::new(u64::MAX),
-            stopping: AtomicBool::new(false),
+            stopped_at: OnceLock::new(),
             stop: Notify::new(),
+            open_http1,
         }
     }
 
@@ -125,10 +158,16 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
     }
 
     /// The requests of an HTTP/1 connection, as pingora's own loop serves them (pingora-core
-    /// `apps/mod.rs`), except that between two requests the connection waits here: pingora's
+    /// `apps/mod.rs`), except that before each request the connection waits here: pingora's
     /// per-request state (the session, its header buffer and the proxy's request future) is
-    /// allocated when the next request's first bytes arrive, not held while idle.
+    /// allocated when the request's first bytes arrive, not held while idle, and a stop leaves
+    /// a request already sent its [`LAST_CALL`] (pingora would drop a connection whose request
+    /// it had not read yet).
     async fn serve_http1(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
+        let _open = Http1Open::new(&self.open_http1);
+        let Some(stream) = self.wait_for_request(stream).await else {
+            return;
+        };
         let mut session = ServerSession::new_http1(stream);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(
@@ -151,8 +190,8 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
         }
     }
 
-    /// Waits for the next request on a kept-alive connection, under its idle deadline; `None`
-    /// when the service stops first (the connection is then closed).
+    /// Waits for a request's first bytes under the connection's deadlines; `None` when the
+    /// service stopped and [`LAST_CALL`] passed first (the connection is then closed).
     async fn wait_for_request(&self, stream: Stream) -> Option<Stream> {
         if !stream.as_any().is::<GuardedStream>() {
             return Some(stream); // not ours: pingora waits, as before
@@ -161,14 +200,16 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
             return None;
         };
         let stopped = self.stop.notified();
-        if self.stopping.load(Ordering::Acquire) {
-            return None;
+        if self.stopped_at.get().is_none() {
+            tokio::select! {
+                biased;
+                () = guarded.wait_readable() => return Some(guarded as Stream),
+                () = stopped => {}
+            }
         }
-        tokio::select! {
-            biased;
-            () = guarded.wait_readable() => Some(guarded as Stream),
-            () = stopped => None,
-        }
+        let last_call = *self.stopped_at.get()? + LAST_CALL;
+        let request = tokio::time::timeout_at(last_call, guarded.wait_readable()).await;
+        request.ok().map(|()| guarded as Stream)
     }
 }
 
@@ -212,7 +253,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
     }
 
     async fn cleanup(&self) {
-        self.stopping.store(true, Ordering::Release);
+        self.stopped_at.get_or_init(Instant::now);
         self.stop.notify_waiters();
         self.inner.cleanup().await
     }

@@ -5,8 +5,9 @@
 //! while requests in flight still run (and, on an upgrade, once the sockets are handed over).
 //! [`StopAccepting`] wraps a pingora service and gives it a shutdown watch that turns true at
 //! whichever comes first: gpulb's own switch or pingora's stop. pingora's accept loop then ends
-//! and drops the listening socket (new connections are refused), idle keep-alive connections
-//! are closed, and connections with a request in flight close after its response.
+//! and drops the listening socket (new connections are refused), connections waiting for a
+//! request are closed after their last call (`connections::LAST_CALL`), and connections with a
+//! request in flight close after its response.
 
 use async_trait::async_trait;
 use pingora::server::{ListenFds, ShutdownWatch};

@@ -22,7 +22,7 @@ use crate::routing::Registry;
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -30,7 +30,7 @@ use tokio::time::Instant;
 /// How often the drain looks at what is still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
 /// How long the old process keeps accepting after a hand-over, closing each connection after
-/// its response, before it closes the idle ones.
+/// its response, before it stops accepting (and closes the idle ones after their last call).
 const HANDOVER_LINGER: Duration = Duration::from_secs(1);
 
 /// Where the process is in its life.
@@ -54,6 +54,7 @@ pub struct Lifecycle {
     phase: AtomicU8,
     proxy_listener: Arc<AcceptSwitch>,
     admin_listener: Arc<AcceptSwitch>,
+    open_http1: Arc<AtomicUsize>,
 }
 
 impl Lifecycle {
@@ -74,6 +75,12 @@ impl Lifecycle {
     /// The switch that stops the admin listener.
     pub fn admin_listener(&self) -> Arc<AcceptSwitch> {
         Arc::clone(&self.admin_listener)
+    }
+
+    /// The count of HTTP/1 client connections open, kept by the proxy's connection loop; the
+    /// drain waits for it to reach zero (each closes after its response or its last call).
+    pub fn open_http1(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.open_http1)
     }
 
     fn enter(&self, phase: Phase) {
@@ -149,11 +156,14 @@ impl Drain {
         self.finish_in_flight().await;
     }
 
-    /// Waits up to `shutdown_timeout` for what is in flight or queued, then refuses the queued.
+    /// Waits up to `shutdown_timeout` for what is in flight or queued and for the HTTP/1 client
+    /// connections to close (a request sent as the listener closed is still answered), then
+    /// refuses the queued.
     async fn finish_in_flight(&self) {
         let deadline = Instant::now() + self.shutdown_timeout;
+        let open = &self.lifecycle.open_http1;
         let mut left = self.in_flight();
-        while left > 0 && Instant::now() < deadline {
+        while (left > 0 || open.load(Ordering::Acquire) > 0) && Instant::now() < deadline {
             tokio::time::sleep(DRAIN_POLL).await;
             left = self.in_flight();
         }
