@@ -166,6 +166,8 @@ pub struct Joined {
 pub struct OpenBatches {
     open: Mutex<HashMap<(u64, String), Arc<Batch>>>,
     next_id: AtomicU64,
+    /// How late the class's batch timers have lately fired, which sets them earlier.
+    pub timer: super::timer::TimerLateness,
 }
 
 impl OpenBatches {

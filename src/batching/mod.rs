@@ -7,6 +7,7 @@
 //!   merged body;
 //! - [`assembly`]: the open batches of a class, joining and leaving them;
 //! - [`runner`]: a batch's life once open (wait, admission, upstream call, answers);
+//! - [`timer`]: when a batch stops waiting, early by the timers' recent lateness;
 //! - [`split`]: the answer cut back into each member's own, usage shared exactly;
 //! - [`upstream`]: the HTTP exchange with the backend.
 //!
@@ -16,6 +17,7 @@ pub mod assembly;
 pub mod input;
 pub mod runner;
 pub mod split;
+pub mod timer;
 pub mod upstream;
 
 pub use assembly::{Answer, Member, OpenBatches, Reply};

@@ -14,20 +14,7 @@ use crate::metrics::ClassMetrics;
 use crate::routing::{Demand, Lease, ModelRoute, Slot, Snapshot};
 use http::HeaderValue;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::sleep_until;
-
-/// tokio's timer fires on whole milliseconds, rounding up, and a busy runtime wakes a task
-/// later still (about 1 ms on average, measured on a loaded 2-core machine): a batch's timer is
-/// set early by two ticks, or a twentieth of its `max_wait` when that is more, but never by more
-/// than half of it, so that the batch closes by `max_wait`.
-const TIMER_TICK: Duration = Duration::from_millis(1);
-
-/// When the batch opened at `opened` with `max_wait` stops waiting for members.
-fn closing_time(opened: tokio::time::Instant, max_wait: Duration) -> tokio::time::Instant {
-    let early = (2 * TIMER_TICK).max(max_wait / 20).min(max_wait / 2);
-    opened + max_wait - early
-}
 
 /// Everything a batch's runner needs, fixed when the batch opened.
 pub struct BatchJob {
@@ -55,13 +42,16 @@ pub async fn run(job: BatchJob) {
     // A backend slot free now: waiting for company would only add latency. Batches form when
     // the backends are busy, which is when they pay.
     let idle = batch.settings.send_when_idle && job.snapshot.has_room(job.class, &job.route);
+    let batches = &job.snapshot.classes[job.class].state.batches;
     if !idle {
+        let closing = batches
+            .timer
+            .closing_time(batch.opened, batch.settings.max_wait);
         tokio::select! {
-            () = sleep_until(closing_time(batch.opened, batch.settings.max_wait)) => {}
+            () = sleep_until(closing) => batches.timer.woke(closing),
             () = batch.closed_early.notified() => {}
         }
     }
-    let batches = &job.snapshot.classes[job.class].state.batches;
     let delay = batch.opened.elapsed();
     if batches.close_if_empty(batch) {
         return; // every member left
@@ -293,20 +283,4 @@ async fn answer_members(job: &BatchJob, lease: Lease, answer: Answer, members: V
             .for_each(|m| reply(m, Ok(answer.clone()))),
     }
     drop(lease);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_timer_is_set_early_by_two_ticks_a_twentieth_or_at_most_half() {
-        let at = |ms: u64| {
-            let opened = tokio::time::Instant::now();
-            closing_time(opened, Duration::from_millis(ms)) - opened
-        };
-        assert_eq!(at(5), Duration::from_millis(3));
-        assert_eq!(at(100), Duration::from_millis(95));
-        assert_eq!(at(2), Duration::from_millis(1));
-    }
 }
