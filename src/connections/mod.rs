@@ -164,7 +164,6 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
     /// a request already sent its [`LAST_CALL`] (pingora would drop a connection whose request
     /// it had not read yet).
     async fn serve_http1(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
-        let _open = Http1Open::new(&self.open_http1);
         let Some(stream) = self.wait_for_request(stream).await else {
             return;
         };
@@ -238,8 +237,10 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for GuardedApp<A> {
             // handshake and accept path (~9 KiB), held for the connection's whole life.
             let app = Arc::clone(self);
             let shutdown = shutdown.clone();
+            // Counted before the task runs, so the drain cannot miss a connection just accepted.
+            let open_http1 = Http1Open::new(&self.open_http1);
             tokio::spawn(async move {
-                let _permit = permit;
+                let _counted = (permit, open_http1);
                 app.serve_http1(stream, &shutdown).await;
             });
             return None;
