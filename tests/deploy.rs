@@ -304,6 +304,44 @@ fn dockerfile_exec_form(dockerfile: &str, name: &str) -> Vec<String> {
 }
 
 #[test]
+fn the_image_build_copies_every_local_path_cargo_needs() {
+    // `cargo build --locked` inside the image needs the manifest, the lock file, the sources and
+    // every local path Cargo.toml names (the vendored pingora-core of `[patch.crates-io]`).
+    let manifest = std::fs::read_to_string(repo("Cargo.toml")).unwrap();
+    let local: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.split("path = \"").nth(1)?.split('"').next())
+        .collect();
+    assert!(local.contains(&"vendor/pingora-core"), "{local:?}");
+    let dockerfile = std::fs::read_to_string(repo("docker/Dockerfile")).unwrap();
+    let build_stage = dockerfile.rsplit_once("\nFROM ").unwrap().0;
+    let copied: Vec<&str> = build_stage
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--from"))
+        .flat_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words[..words.len() - 1].to_vec()
+        })
+        .collect();
+    let ignore = std::fs::read_to_string(repo(".dockerignore")).unwrap();
+    let ignored: Vec<&str> = ignore
+        .lines()
+        .map(|l| l.trim().trim_end_matches('/'))
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let needed = ["Cargo.toml", "Cargo.lock", "src", "examples"];
+    for path in needed.iter().copied().chain(local) {
+        let top = path.split('/').next().unwrap();
+        assert!(
+            copied.contains(&path) || copied.contains(&top),
+            "the Dockerfile's build stage does not copy {path}: {copied:?}"
+        );
+        assert!(!ignored.contains(&top), ".dockerignore leaves out {path}");
+    }
+}
+
+#[test]
 fn the_image_runs_as_a_user_checks_livez_and_its_default_command_parses() {
     let dockerfile = std::fs::read_to_string(repo("docker/Dockerfile")).unwrap();
     let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
