@@ -234,6 +234,49 @@ async fn with_a_backend_slot_free_a_request_goes_alone_at_once() {
 }
 
 #[tokio::test]
+async fn with_the_backends_busy_a_batch_goes_when_the_first_slot_frees() {
+    // send_when_idle: a batch that opens with every slot taken asks for one at once and is
+    // sent, with whoever joined meanwhile, as soon as a slot frees, not at its max_wait (10 s).
+    let workers = start_workers(1, |p| {
+        p.models = vec!["e".into()];
+        p.embedding.call_cost = Duration::from_millis(400);
+    })
+    .await;
+    let config = Config::fleet(&workers)
+        .each_backend(|b| b.max_outstanding(1))
+        .class(Class::new("default", "default").set(
+            "batching",
+            "{max_batch: 32, max_wait: 10s, send_when_idle: true}",
+        ));
+    let proxy = Proxy::start(config).await;
+    let started = std::time::Instant::now();
+    let busy = proxy.spawn(embed(json!({"model": "e", "input": "takes the only slot"})));
+    proxy.wait_outstanding("w0", 1).await;
+    let opens = proxy.spawn(embed(json!({"model": "e", "input": "opens a batch"})));
+    proxy.wait_queued("default", 1).await;
+    let joins = proxy.spawn(embed(json!({"model": "e", "input": "joins it"})));
+    common::eventually(common::WAIT, "two requests in the open batch", || async {
+        let status = proxy.status().await;
+        (status["classes"][0]["batching"]["waiting"] == 2).then_some(())
+    })
+    .await;
+    for answer in [busy, opens, joins] {
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the batch waited for its max_wait: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        calls_and_items(&workers),
+        (2, 3),
+        "two calls: 1 item, then 2"
+    );
+}
+
+#[tokio::test]
 async fn a_batch_waiting_for_a_backend_slot_keeps_taking_members() {
     let workers = start_workers(1, |p| {
         p.models = vec!["e".into()];

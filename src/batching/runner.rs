@@ -3,7 +3,7 @@
 //! be admitted and placed as one request (one class slot, one backend lease), make the upstream
 //! call, and answer every member with its own part.
 
-use super::assembly::{Answer, Batch, Member, Reply};
+use super::assembly::{Answer, Batch, Member, OpenBatches, Reply};
 use super::input::merged_body;
 use super::split::split;
 use super::upstream::{post, CallFailed};
@@ -38,40 +38,22 @@ pub struct BatchJob {
 
 /// Runs `job`'s batch to its end; every member still there gets exactly one reply.
 pub async fn run(job: BatchJob) {
-    let batch = &job.batch;
-    // A backend slot free now: waiting for company would only add latency. Batches form when
-    // the backends are busy, which is when they pay.
-    let idle = batch.settings.send_when_idle && job.snapshot.has_room(job.class, &job.route);
-    let batches = &job.snapshot.classes[job.class].state.batches;
-    if !idle {
-        let closing = batches
-            .timer
-            .closing_time(batch.opened, batch.settings.max_wait);
-        tokio::select! {
-            () = sleep_until(closing) => batches.timer.woke(closing),
-            () = batch.closed_early.notified() => {}
-        }
-    }
-    let delay = batch.opened.elapsed();
-    if batches.close_if_empty(batch) {
-        return; // every member left
-    }
-    batches.wait_over(batch);
-    // Emptied since: admission sees `emptied` and closes it.
+    let (batch, batches) = (&job.batch, job.batches());
     let tenant = batch.first_tenant().unwrap_or_default();
-    job.metrics.batch_assembled(delay);
-    let demand = Demand {
-        route: job.route.clone(),
-        tokens: batch.tokens(),
-        prefix: Arc::from([]),
+    let admitted = if batch.settings.send_when_idle {
+        assemble_until_a_slot(&job, &tenant).await
+    } else {
+        assemble_then_queue(&job, &tenant).await
     };
-    let admitted = admit(&job, &tenant, &demand).await;
     // Admitted or not, nobody joins it any more.
     batches.close(batch);
-    let (lease, _slots) = match admitted {
+    let (mut lease, _slots) = match admitted {
         Ok(admitted) => admitted,
         Err(refusal) => return answer_refused(&job, refusal),
     };
+    // What it carries now, members that joined while it waited for its slot included.
+    let demand = job.demand();
+    lease.set_tokens(demand.tokens);
     let members: Vec<Member> = batch
         .take()
         .into_iter()
@@ -99,13 +81,83 @@ pub async fn run(job: BatchJob) {
     }
 }
 
+impl BatchJob {
+    /// The batch as one request to place: its route and the tokens of its members so far.
+    fn demand(&self) -> Demand {
+        Demand {
+            route: self.route.clone(),
+            tokens: self.batch.tokens(),
+            prefix: Arc::from([]),
+        }
+    }
+
+    /// Its class's open batches.
+    fn batches(&self) -> &OpenBatches {
+        &self.snapshot.classes[self.class].state.batches
+    }
+
+    /// Waits until the batch is full or its `max_wait` is over (the timer set early, see
+    /// [`super::timer`]); records the assembly delay and marks the wait over (it still takes
+    /// members while it waits for a slot).
+    async fn company(&self) {
+        let (batch, batches) = (&self.batch, self.batches());
+        let closing = batches
+            .timer
+            .closing_time(batch.opened, batch.settings.max_wait);
+        tokio::select! {
+            () = sleep_until(closing) => batches.timer.woke(closing),
+            () = batch.closed_early.notified() => {}
+        }
+    }
+
+    /// Ends the batch's wait for company: its assembly delay recorded, still taking members
+    /// while it waits for a slot.
+    fn company_over(&self) {
+        self.metrics.batch_assembled(self.batch.opened.elapsed());
+        self.batches().wait_over(&self.batch);
+    }
+}
+
+/// `send_when_idle`: the batch asks for a slot as it opens and takes company until the slot
+/// comes, it is full, or `max_wait` is over (then it goes on taking members in the queue). A
+/// batch never waits for company while a slot is free for it: a batch that opens with a slot
+/// free is sent at once, and one that opens with the backends busy goes when the first slot
+/// frees, with everyone who joined meanwhile. Batches form while the backends are busy, which
+/// is when they pay.
+async fn assemble_until_a_slot(job: &BatchJob, tenant: &str) -> Admitted {
+    let demand = job.demand();
+    let admitting = admit(job, tenant, &demand);
+    tokio::pin!(admitting);
+    let granted = tokio::select! {
+        biased;
+        admitted = &mut admitting => Some(admitted),
+        () = job.company() => None,
+    };
+    job.company_over();
+    match granted {
+        Some(admitted) => admitted,
+        None => admitting.await,
+    }
+}
+
+/// Without `send_when_idle`: the batch waits for company until full or `max_wait` is over,
+/// whether or not a slot is free, then asks for one (still taking members meanwhile).
+async fn assemble_then_queue(job: &BatchJob, tenant: &str) -> Admitted {
+    job.company().await;
+    if job.batches().close_if_empty(&job.batch) {
+        return Err(None); // every member left
+    }
+    job.company_over();
+    // Emptied from now on: admission sees `emptied` and closes it.
+    admit(job, tenant, &job.demand()).await
+}
+
+/// A batch's admission: its backend lease and the class and tenant slots it holds, or why not.
+type Admitted = Result<(Lease, (Slot, TenantSlot)), Option<ProxyError>>;
+
 /// Admits the batch as one request of `tenant`: its backend lease, and the class and tenant
 /// slots it holds until it ends; or why not (`None`: every member left while it waited).
-async fn admit(
-    job: &BatchJob,
-    tenant: &str,
-    demand: &Demand,
-) -> Result<(Lease, (Slot, TenantSlot)), Option<ProxyError>> {
+async fn admit(job: &BatchJob, tenant: &str, demand: &Demand) -> Admitted {
     let (snapshot, index, batch) = (&job.snapshot, job.class, &job.batch);
     let class = &snapshot.classes[index];
     let queue = class.state.queues.get(&demand.route);

@@ -19,9 +19,11 @@ pub struct BatchingConfig {
     /// no limit beyond `max_batch`.
     #[serde(default)]
     pub max_batch_tokens: Option<u64>,
-    /// A request that finds a backend slot free and no batch forming goes alone, unbatched,
-    /// and a batch that opens while a slot is free is sent at once; `false`: every batchable
-    /// request joins a batch, and every batch waits `max_wait` or until full.
+    /// A request that finds a backend slot free and no batch forming goes alone, unbatched, and
+    /// a batch never waits for company while a slot is free for it: it asks for a slot as it
+    /// opens and is sent when the slot comes (at once when one is free), when full, or past
+    /// `max_wait` as soon as a slot comes; `false`: every batchable request joins a batch, and
+    /// every batch waits `max_wait` or until full before asking for a slot.
     #[serde(default = "defaults::batch_send_when_idle")]
     pub send_when_idle: bool,
 }
