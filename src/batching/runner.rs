@@ -14,7 +14,7 @@ use crate::metrics::ClassMetrics;
 use crate::routing::{Demand, Lease, ModelRoute, Slot, Snapshot};
 use http::HeaderValue;
 use std::sync::Arc;
-use tokio::time::sleep_until;
+use tokio::time::{sleep_until, Instant};
 
 /// Everything a batch's runner needs, fixed when the batch opened.
 pub struct BatchJob {
@@ -96,25 +96,32 @@ impl BatchJob {
         &self.snapshot.classes[self.class].state.batches
     }
 
-    /// Waits until the batch is full or its `max_wait` is over (the timer set early, see
-    /// [`super::timer`]); records the assembly delay and marks the wait over (it still takes
-    /// members while it waits for a slot).
-    async fn company(&self) {
-        let (batch, batches) = (&self.batch, self.batches());
-        let closing = batches
-            .timer
-            .closing_time(batch.opened, batch.settings.max_wait);
+    /// When the batch stops waiting for company at the latest: before its `max_wait`, early by
+    /// the lateness of recent wake-ups (see [`super::timer`]).
+    fn closing_time(&self) -> Instant {
+        let batch = &self.batch;
+        let timer = &self.batches().timer;
+        timer.closing_time(batch.opened, batch.settings.max_wait)
+    }
+
+    /// Waits until the batch is full or `closing` comes.
+    async fn company(&self, closing: Instant) {
         tokio::select! {
-            () = sleep_until(closing) => batches.timer.woke(closing),
-            () = batch.closed_early.notified() => {}
+            () = sleep_until(closing) => {}
+            () = self.batch.closed_early.notified() => {}
         }
     }
 
-    /// Ends the batch's wait for company: its assembly delay recorded, still taking members
-    /// while it waits for a slot.
-    fn company_over(&self) {
+    /// Ends the batch's wait for company: its assembly delay recorded, and how late this task
+    /// woke past `closing` (by its timer or a slot granted meanwhile), which sets later
+    /// batches' timers; it still takes members while it waits for a slot.
+    fn company_over(&self, closing: Instant) {
+        let batches = self.batches();
+        if Instant::now() >= closing {
+            batches.timer.woke(closing);
+        }
         self.metrics.batch_assembled(self.batch.opened.elapsed());
-        self.batches().wait_over(&self.batch);
+        batches.wait_over(&self.batch);
     }
 }
 
@@ -125,15 +132,15 @@ impl BatchJob {
 /// frees, with everyone who joined meanwhile. Batches form while the backends are busy, which
 /// is when they pay.
 async fn assemble_until_a_slot(job: &BatchJob, tenant: &str) -> Admitted {
-    let demand = job.demand();
+    let (demand, closing) = (job.demand(), job.closing_time());
     let admitting = admit(job, tenant, &demand);
     tokio::pin!(admitting);
     let granted = tokio::select! {
         biased;
         admitted = &mut admitting => Some(admitted),
-        () = job.company() => None,
+        () = job.company(closing) => None,
     };
-    job.company_over();
+    job.company_over(closing);
     match granted {
         Some(admitted) => admitted,
         None => admitting.await,
@@ -143,11 +150,12 @@ async fn assemble_until_a_slot(job: &BatchJob, tenant: &str) -> Admitted {
 /// Without `send_when_idle`: the batch waits for company until full or `max_wait` is over,
 /// whether or not a slot is free, then asks for one (still taking members meanwhile).
 async fn assemble_then_queue(job: &BatchJob, tenant: &str) -> Admitted {
-    job.company().await;
+    let closing = job.closing_time();
+    job.company(closing).await;
     if job.batches().close_if_empty(&job.batch) {
         return Err(None); // every member left
     }
-    job.company_over();
+    job.company_over(closing);
     // Emptied from now on: admission sees `emptied` and closes it.
     admit(job, tenant, &job.demand()).await
 }
