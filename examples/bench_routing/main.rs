@@ -277,6 +277,10 @@ struct Args {
     /// under this directory (a scenario's --out-dir), read from their per-request CSVs.
     #[arg(long)]
     pooled: Option<PathBuf>,
+    /// Runs nothing: prints the trace's description (for `--workload prefix` with its offline
+    /// oracle hit rate and TTFT floor) and exits.
+    #[arg(long)]
+    describe_only: bool,
 }
 
 /// `LO-HI` (or one value, for both ends) as an inclusive range.

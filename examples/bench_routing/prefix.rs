@@ -3,14 +3,14 @@
 //! streamed answers; and what it is judged by: the workers' prefix-cache hit rate against an
 //! offline oracle's, TTFT, throughput and load spread.
 
-use crate::report::{class_stats, TargetRun};
+use crate::report::{class_stats, pct, TargetRun};
 use crate::trace::{self, Class, Req, TraceSpec, INTERACTIVE_TENANTS};
 use crate::Args;
 use gpulb::tools::sim::WorkerProfile;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::hash::Hasher;
 use std::sync::Arc;
@@ -199,24 +199,83 @@ pub fn oracle(trace: &[Req], profiles: &[WorkerProfile]) -> (u64, u64, Vec<u64>)
         let Some(messages) = &r.messages else {
             continue;
         };
-        let salt = salt("oracle", &messages[0]);
-        let text: String = std::iter::once(salt.as_str())
-            .chain(messages.iter().map(String::as_str))
-            .collect();
+        let text = salted("oracle", messages);
         let keys = block_keys(&text);
         let best = (0..caches.len())
             .rev()
             .max_by_key(|&i| (caches[i].cached(&keys), std::cmp::Reverse(sent[i])))
             .unwrap_or(0);
-        let tokens = text.len().div_ceil(4).max(1);
-        let found = caches[best].cached(&keys);
+        let tokens = sim_tokens(&text);
         queries += tokens as u64;
-        hits +=
-            (found.min(tokens.saturating_sub(1) / (BLOCK_CHARS / 4)) * (BLOCK_CHARS / 4)) as u64;
+        hits += cached_tokens(caches[best].cached(&keys), tokens) as u64;
         caches[best].touch(&keys);
         sent[best] += 1;
     }
     (queries, hits, sent)
+}
+
+/// A request's prompt as target `target` sends it: its salt block, then its messages.
+fn salted(target: &str, messages: &[String]) -> String {
+    let salt = salt(target, &messages[0]);
+    std::iter::once(salt.as_str())
+        .chain(messages.iter().map(String::as_str))
+        .collect()
+}
+
+/// Prompt tokens of `text` as the sim counts them (4 characters each).
+fn sim_tokens(text: &str) -> usize {
+    text.len().div_ceil(4).max(1)
+}
+
+/// Prompt tokens the sim finds cached when `found` leading blocks of a `tokens`-token prompt
+/// are: whole blocks, never the last prompt token.
+fn cached_tokens(found: usize, tokens: usize) -> usize {
+    let block_tokens = BLOCK_CHARS / 4;
+    found.min(tokens.saturating_sub(1) / block_tokens) * block_tokens
+}
+
+/// The least TTFT (seconds) each request of the trace could get from any router, in trace
+/// order: one step of the fastest worker running it alone, prefilling only the blocks no
+/// earlier request carried, as if every worker shared one unbounded cache. Whatever the router,
+/// its k-th slowest TTFT is at least the k-th largest of these, so their percentiles bound every
+/// target's from below (on the sim's cost model; queueing, networking and the proxy only add).
+pub fn ttft_floor(trace: &[Req], profiles: &[WorkerProfile]) -> Vec<f64> {
+    let mut seen: HashSet<u64> = HashSet::new();
+    trace
+        .iter()
+        .filter_map(|r| {
+            let text = salted("floor", r.messages.as_ref()?);
+            let keys = block_keys(&text);
+            let found = keys.iter().take_while(|k| seen.contains(k)).count();
+            let tokens = sim_tokens(&text);
+            let prefill = u32::try_from(tokens - cached_tokens(found, tokens)).unwrap_or(u32::MAX);
+            seen.extend(keys);
+            profiles
+                .iter()
+                .map(|p| (p.decode_step + p.prefill_per_token * prefill).as_secs_f64())
+                .min_by(f64::total_cmp)
+        })
+        .collect()
+}
+
+/// The header line with what no router can beat on this trace: the oracle's hit rate and the
+/// TTFT floor.
+pub fn describe_bounds(trace: &[Req], profiles: &[WorkerProfile]) -> String {
+    let (queries, hits, _) = oracle(trace, profiles);
+    let (p50, p99) = floor_percentiles(trace, profiles);
+    format!(
+        "- offline bounds: oracle hit rate {:.3}; TTFT floor (any router) p50 {} ms, p99 {} ms\n",
+        rate(queries, hits),
+        fmt_ms(p50),
+        fmt_ms(p99)
+    )
+}
+
+/// The p50 and p99 of [`ttft_floor`], seconds.
+fn floor_percentiles(trace: &[Req], profiles: &[WorkerProfile]) -> (Option<f64>, Option<f64>) {
+    let mut floor = ttft_floor(trace, profiles);
+    floor.sort_by(f64::total_cmp);
+    (pct(&floor, 0.5), pct(&floor, 0.99))
 }
 
 fn rate(queries: u64, hits: u64) -> f64 {
@@ -283,8 +342,16 @@ pub fn section(a: &Args, trace: &[Req], profiles: &[WorkerProfile], runs: &[Targ
         oracle_rate,
         list(&osent)
     );
+    let floor = floor_percentiles(trace, profiles);
+    let _ = writeln!(
+        t,
+        "| TTFT floor (offline, any router) | {} | | | | {} | {} | | | | | | | |",
+        trace.len(),
+        fmt_ms(floor.0),
+        fmt_ms(floor.1),
+    );
     let _ = writeln!(t, "\nAgainst the targets (gpulb-prefix: TTFT p99 at most half the best peer's; hit rate at least 0.9x the oracle's; no worker holding more than its cap of {cap}; completed/s no worse than gpulb-ll):\n");
-    t.push_str(&verdict(runs, oracle_rate, cap));
+    t.push_str(&verdict(runs, oracle_rate, cap, floor.1));
     t
 }
 
@@ -305,7 +372,7 @@ fn met(ok: bool) -> &'static str {
 }
 
 /// The four targets, each computed from the runs (nothing when gpulb-prefix did not run).
-fn verdict(runs: &[TargetRun], oracle_rate: f64, cap: usize) -> String {
+fn verdict(runs: &[TargetRun], oracle_rate: f64, cap: usize, floor_p99: Option<f64>) -> String {
     let Some(g) = runs.iter().find(|r| r.name == "gpulb-prefix") else {
         return String::new();
     };
@@ -329,6 +396,19 @@ fn verdict(runs: &[TargetRun], oracle_rate: f64, cap: usize) -> String {
             gv / bv,
             met(gv / bv <= 0.5)
         );
+        if let Some(floor) = floor_p99 {
+            let _ = writeln!(
+                t,
+                "  - TTFT p99 floor of this trace (offline, any router) {:.0} ms = {:.3}x the best peer's p99: {}",
+                floor * 1000.0,
+                floor / bv,
+                if floor / bv > 0.5 {
+                    "half the best peer's p99 is out of reach of any router on this trace"
+                } else {
+                    "half the best peer's p99 is above the floor"
+                }
+            );
+        }
     }
     let (q, h) = g
         .prefix_cache
@@ -395,6 +475,26 @@ mod tests {
         assert_eq!(queries, (704 / 4 * 2 + 708 / 4) as u64);
         assert_eq!(hits, 11 * 16);
         assert_eq!(sent, vec![2, 1]);
+    }
+
+    #[test]
+    fn the_floor_prefills_only_blocks_no_earlier_request_carried_on_the_fastest_worker() {
+        let p = "x".repeat(640);
+        let mut fast = WorkerProfile::new("fast");
+        fast.decode_step = std::time::Duration::from_millis(10);
+        fast.prefill_per_token = std::time::Duration::from_millis(1);
+        let mut slow = fast.clone();
+        slow.decode_step *= 2;
+        slow.prefill_per_token *= 2;
+        let trace = [req(0.0, &[&p]), req(1.0, &[&p, "more"]), req(2.0, &[&p])];
+        let floor = ttft_floor(&trace, &[slow, fast]);
+        // First: all 176 tokens. Second: its 11 cached blocks skipped, 1 token left. Third: the
+        // same 11 blocks, but never the last token: 10 blocks skipped, 16 tokens left.
+        let ms = |v: f64| (v * 1000.0).round();
+        assert_eq!(
+            floor.iter().map(|&v| ms(v)).collect::<Vec<_>>(),
+            [186.0, 11.0, 26.0]
+        );
     }
 
     #[test]

@@ -35,8 +35,12 @@ pub fn run(a: &Args) -> Result<(), String> {
     let mut head = header::header(a, &spec, &trace, &profiles, &gpulb_bin);
     if prefix_mode {
         head.push_str(&prefix::describe(a, &trace));
+        head.push_str(&prefix::describe_bounds(&trace, &profiles));
     }
     eprint!("{head}");
+    if a.describe_only {
+        return Ok(());
+    }
 
     let bench = Bench::start(a.client_threads, &profiles)?;
     let plan = Plan::new(a, &dir, &gpulb_bin, trace.clone(), bench.addrs());
