@@ -36,6 +36,21 @@ fn batching(workers: &[SimWorker], batching: &str) -> Config {
     Config::fleet(workers).class(Class::new("default", "default").set("batching", batching))
 }
 
+/// One worker taking 400 ms a call behind a proxy that gives it one slot, its class batching
+/// with `batching` (YAML, as written).
+async fn one_slow_slot(batching: &str) -> (Vec<SimWorker>, Proxy) {
+    let workers = start_workers(1, |p| {
+        p.models = vec!["e".into()];
+        p.embedding.call_cost = Duration::from_millis(400);
+    })
+    .await;
+    let config = Config::fleet(&workers)
+        .each_backend(|b| b.max_outstanding(1))
+        .class(Class::new("default", "default").set("batching", batching));
+    let proxy = Proxy::start(config).await;
+    (workers, proxy)
+}
+
 /// `POST /v1/embeddings` with `body`.
 fn embed(body: Value) -> Req {
     Req::post("/v1/embeddings", body.to_string()).header("content-type", "application/json")
@@ -237,18 +252,8 @@ async fn with_a_backend_slot_free_a_request_goes_alone_at_once() {
 async fn with_the_backends_busy_a_batch_goes_when_the_first_slot_frees() {
     // send_when_idle: a batch that opens with every slot taken asks for one at once and is
     // sent, with whoever joined meanwhile, as soon as a slot frees, not at its max_wait (10 s).
-    let workers = start_workers(1, |p| {
-        p.models = vec!["e".into()];
-        p.embedding.call_cost = Duration::from_millis(400);
-    })
-    .await;
-    let config = Config::fleet(&workers)
-        .each_backend(|b| b.max_outstanding(1))
-        .class(Class::new("default", "default").set(
-            "batching",
-            "{max_batch: 32, max_wait: 10s, send_when_idle: true}",
-        ));
-    let proxy = Proxy::start(config).await;
+    let (workers, proxy) =
+        one_slow_slot("{max_batch: 32, max_wait: 10s, send_when_idle: true}").await;
     let started = std::time::Instant::now();
     let busy = proxy.spawn(embed(json!({"model": "e", "input": "takes the only slot"})));
     proxy.wait_outstanding("w0", 1).await;
@@ -278,18 +283,8 @@ async fn with_the_backends_busy_a_batch_goes_when_the_first_slot_frees() {
 
 #[tokio::test]
 async fn a_batch_waiting_for_a_backend_slot_keeps_taking_members() {
-    let workers = start_workers(1, |p| {
-        p.models = vec!["e".into()];
-        p.embedding.call_cost = Duration::from_millis(400);
-    })
-    .await;
-    let config = Config::fleet(&workers)
-        .each_backend(|b| b.max_outstanding(1))
-        .class(Class::new("default", "default").set(
-            "batching",
-            "{max_batch: 32, max_wait: 20ms, send_when_idle: false}",
-        ));
-    let proxy = Proxy::start(config).await;
+    let (workers, proxy) =
+        one_slow_slot("{max_batch: 32, max_wait: 20ms, send_when_idle: false}").await;
     let busy = proxy.spawn(embed(json!({"model": "e", "input": "takes the only slot"})));
     proxy.wait_outstanding("w0", 1).await;
     // The next batch's max_wait runs out while the slot is taken: it waits in the queue...

@@ -7,6 +7,7 @@
 mod common;
 
 use common::{eventually, start_workers, Config, Proxy, Req, WAIT};
+use gpulb::tools::sim::SimWorker;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,20 +67,28 @@ async fn a_stream_in_flight_completes_across_sigterm() {
     assert!(signalled.elapsed() < WAIT);
 }
 
+/// A proxy (`shutdown_timeout: 30s`, client `timeouts` as given) in front of a worker taking
+/// 100 ms a token, and a raw client connection it has answered once and keeps alive.
+async fn kept_alive_client_of_a_slow_fleet(timeouts: &str) -> (Vec<SimWorker>, Proxy, common::Raw) {
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(100)).await;
+    let config = Config::fleet(&workers)
+        .set("shutdown_timeout", "30s")
+        .set("timeouts", timeouts);
+    let proxy = Proxy::start(config).await;
+    let mut raw = common::Raw::connect(&proxy.url).await;
+    raw.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert_eq!(raw.answer().await.status, 200);
+    (workers, proxy, raw)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keepalive_client_is_closed_on_sigterm_while_a_stream_drains() {
     // The connection waits for its next request in gpulb's own keep-alive loop, not pingora's:
     // stopping must close it there too, while a stream still drains, long before
     // `timeouts.client_idle`.
     // 40 tokens at 100 ms each: a stream of about four seconds keeps the drain going.
-    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(100)).await;
-    let config = Config::fleet(&workers)
-        .set("shutdown_timeout", "30s")
-        .set("timeouts", "{client_idle: 60s}");
-    let mut proxy = Proxy::start(config).await;
-    let mut raw = common::Raw::connect(&proxy.url).await;
-    raw.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
-    assert_eq!(raw.answer().await.status, 200);
+    let (_workers, mut proxy, mut raw) =
+        kept_alive_client_of_a_slow_fleet("{client_idle: 60s}").await;
     let stream = proxy.spawn(Req::completion_stream(40));
     proxy.wait_outstanding("w0", 1).await;
     proxy.signal(libc::SIGTERM);
@@ -98,15 +107,8 @@ async fn a_request_sent_as_the_listener_closes_is_answered_not_cut() {
     // connection open when the listener closes still answers a request sent just then (its last
     // call): a kept-alive one between requests and a fresh one not asked anything yet. Both get
     // the drain's 503 and are closed after it, while a stream drains.
-    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(100)).await;
-    let config = Config::fleet(&workers)
-        .set("shutdown_timeout", "30s")
-        .set("timeouts", "{client_idle: 60s, client_header: 60s}");
-    let mut proxy = Proxy::start(config).await;
-    let mut kept = common::Raw::connect(&proxy.url).await;
-    kept.send("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await;
-    assert_eq!(kept.answer().await.status, 200);
+    let timeouts = "{client_idle: 60s, client_header: 60s}";
+    let (_workers, mut proxy, mut kept) = kept_alive_client_of_a_slow_fleet(timeouts).await;
     let mut fresh = common::Raw::connect(&proxy.url).await;
     let stream = proxy.spawn(Req::completion_stream(40));
     proxy.wait_outstanding("w0", 1).await;
