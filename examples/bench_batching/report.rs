@@ -80,6 +80,8 @@ impl Histogram {
 pub struct Batches {
     size: Histogram,
     delay: Histogram,
+    /// How late batches' tasks woke past the end of their wait for company.
+    late: Histogram,
 }
 
 /// One step of one target.
@@ -103,6 +105,7 @@ async fn batch_histograms(client: &reqwest::Client, admin: &str) -> Option<Batch
     Some(Batches {
         size: Histogram::read(&page, "gpulb_batch_size"),
         delay: Histogram::read(&page, "gpulb_batch_assembly_delay_seconds"),
+        late: Histogram::read(&page, "gpulb_batch_timer_lateness_seconds"),
     })
 }
 
@@ -143,6 +146,7 @@ pub async fn measure(
         let batches = before.zip(after).map(|(b, a)| Batches {
             size: a.size.since(&b.size),
             delay: a.delay.since(&b.delay),
+            late: a.late.since(&b.late),
         });
         let sustained = step.sustained();
         eprintln!(
@@ -188,25 +192,26 @@ pub fn render(args: &Args, results: &[(Target, Vec<Measured>)]) -> String {
         args.workers, args.call_ms, args.item_ms, args.concurrency, args.worker_max_batch,
         args.max_batch, args.max_wait_ms, args.concurrency, args.threads, args.seconds, args.seed
     );
-    let _ = writeln!(out, "| target | offered/s | sent | ok | answered/s | p50 ms | p99 ms | sustained | items per batch | assembly delay mean ms | assembly delay p99 ≤ ms | target CPU s |");
+    let _ = writeln!(out, "| target | offered/s | sent | ok | answered/s | p50 ms | p99 ms | sustained | items per batch | assembly delay mean ms | assembly delay p99 ≤ ms | timer lateness p99 ≤ ms | target CPU s |");
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
     );
     for (target, steps) in results {
         for m in steps {
             let s = &m.step;
-            let (size, delay_mean, delay_p99) = match &m.batches {
+            let (size, delay_mean, delay_p99, late_p99) = match &m.batches {
                 Some(b) => (
                     b.size.mean().map_or("–".into(), |v| format!("{v:.1}")),
                     ms(b.delay.mean()),
                     ms(b.delay.quantile_bound(0.99)),
+                    ms(b.late.quantile_bound(0.99)),
                 ),
-                None => ("–".into(), "–".into(), "–".into()),
+                None => ("–".into(), "–".into(), "–".into(), "–".into()),
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {size} | {delay_mean} | {delay_p99} | {:.1} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {size} | {delay_mean} | {delay_p99} | {late_p99} | {:.1} |",
                 target.name(), s.offered, s.sent, s.ok, s.goodput, ms(Some(s.p50)), ms(Some(s.p99)),
                 if s.sustained() { "yes" } else { "no" }, m.cpu
             );

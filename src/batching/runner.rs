@@ -118,7 +118,7 @@ impl BatchJob {
     fn company_over(&self, closing: Instant) {
         let batches = self.batches();
         if Instant::now() >= closing {
-            batches.timer.woke(closing);
+            self.metrics.batch_timer_late(batches.timer.woke(closing));
         }
         self.metrics.batch_assembled(self.batch.opened.elapsed());
         batches.wait_over(&self.batch);

@@ -31,9 +31,11 @@ impl TimerLateness {
         opened + max_wait - early
     }
 
-    /// Notes that a timer set for `target` fired only now.
-    pub fn woke(&self, target: Instant) {
-        self.noted(Instant::now().saturating_duration_since(target));
+    /// Notes that a timer set for `target` fired only now; how late that is.
+    pub fn woke(&self, target: Instant) -> Duration {
+        let late = Instant::now().saturating_duration_since(target);
+        self.noted(late);
+        late
     }
 
     fn noted(&self, late: Duration) {

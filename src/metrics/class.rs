@@ -26,6 +26,7 @@ pub struct ClassMetrics {
     pub(super) shed_total: AtomicU64,
     pub(super) batch_size: Histogram,
     pub(super) batch_delay: Histogram,
+    pub(super) batch_timer_late: Histogram,
     /// Requests answered as members of a batch, and requests of a batching class sent alone.
     pub(super) batching: [IntCounter; 2],
 }
@@ -156,6 +157,11 @@ impl ClassMetrics {
     /// A batch stopped taking members `delay` after its first joined.
     pub fn batch_assembled(&self, delay: Duration) {
         self.batch_delay.observe(delay.as_secs_f64());
+    }
+
+    /// A batch's task woke `late` past the time its wait for company was to end.
+    pub fn batch_timer_late(&self, late: Duration) {
+        self.batch_timer_late.observe(late.as_secs_f64());
     }
 
     /// A batch of `items` input items went upstream as one call.

@@ -59,6 +59,7 @@ pub struct Metrics {
     tokens: IntCounterVec,
     batch_size: HistogramVec,
     batch_delay: HistogramVec,
+    batch_timer_late: HistogramVec,
     batching: IntCounterVec,
     auth_failures: IntCounter,
     connections: ConnectionMetrics,
@@ -178,7 +179,13 @@ impl Metrics {
         let batch_delay = histogram_in(
             &r,
             "gpulb_batch_assembly_delay_seconds",
-            "Time from a batch's first member joining to the batch closing (full, or max_wait), by class.",
+            "Time from a batch's first member joining to the end of its wait for company (full, a backend slot granted, or max_wait), by class.",
+            BATCH_DELAY_BUCKETS,
+        );
+        let batch_timer_late = histogram_in(
+            &r,
+            "gpulb_batch_timer_lateness_seconds",
+            "How late a batch's task woke past the time its wait for company was to end (its timer, set early by the lateness lately seen, or a slot granted after that time), by class.",
             BATCH_DELAY_BUCKETS,
         );
         let batching = counter(
@@ -208,6 +215,7 @@ impl Metrics {
             tokens,
             batch_size,
             batch_delay,
+            batch_timer_late,
             batching,
             auth_failures,
             tenants: Arc::new(TenantLabels {
@@ -256,6 +264,7 @@ impl Metrics {
             shed_total: AtomicU64::new(0),
             batch_size: self.batch_size.with_label_values(&[name]),
             batch_delay: self.batch_delay.with_label_values(&[name]),
+            batch_timer_late: self.batch_timer_late.with_label_values(&[name]),
             batching: ["batched", "unbatched"]
                 .map(|mode| self.batching.with_label_values(&[name, mode])),
         }
