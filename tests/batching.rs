@@ -218,6 +218,9 @@ async fn a_lone_request_waits_for_company_at_most_max_wait() {
     assert_eq!(delays("+Inf"), 5.0);
     assert_eq!(delays("0.1"), 5.0, "every batch closed within max_wait");
     assert_eq!(delays("0.05"), 0.0, "and each waited for company first");
+    // Each timer fired, set early: its wake-up's lateness past that time is counted.
+    let woke = r#"gpulb_batch_timer_lateness_seconds_count{class="default"}"#;
+    assert_eq!(metric(&page, woke), 5.0, "{page}");
 }
 
 #[tokio::test]
