@@ -106,15 +106,14 @@ async fn a_request_sent_as_the_listener_closes_is_answered_not_cut() {
     // HTTP/1 cannot tell a connection cut as its request went out from a request lost, so a
     // connection open when the listener closes still answers a request sent just then (its last
     // call): a kept-alive one between requests and a fresh one not asked anything yet. Both get
-    // the drain's 503 and are closed after it, while a stream drains.
+    // the drain's 503 and are closed after it. Nothing else is in flight: the process waits for
+    // these connections before it exits.
     let timeouts = "{client_idle: 60s, client_header: 60s}";
     let (_workers, mut proxy, mut kept) = kept_alive_client_of_a_slow_fleet(timeouts).await;
     let mut fresh = common::Raw::connect(&proxy.url).await;
-    let stream = proxy.spawn(Req::completion_stream(40));
-    proxy.wait_outstanding("w0", 1).await;
-    // kept, fresh and the stream's: all three accepted before the listener closes.
-    eventually(WAIT, "three client connections open", || async {
-        (proxy.metric("gpulb_client_connections").await >= 3.0).then_some(())
+    // Both accepted before the listener closes.
+    eventually(WAIT, "two client connections open", || async {
+        (proxy.metric("gpulb_client_connections").await >= 2.0).then_some(())
     })
     .await;
     proxy.signal(libc::SIGTERM);
@@ -137,8 +136,6 @@ async fn a_request_sent_as_the_listener_closes_is_answered_not_cut() {
             "{name}: still open after its last answer"
         );
     }
-    assert!(!stream.is_finished(), "the stream ended before the check");
-    assert_eq!(stream.await.unwrap().status, 200);
     assert!(proxy.wait_exit().await.success());
 }
 

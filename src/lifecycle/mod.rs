@@ -178,7 +178,12 @@ impl Drain {
             // Let the refused ones write their 503.
             tokio::time::sleep(DRAIN_POLL * 4).await;
         } else {
-            tracing::info!("drained: nothing in flight");
+            match open.load(Ordering::Acquire) {
+                0 => tracing::info!("drained: nothing in flight"),
+                connections => {
+                    tracing::warn!(connections, timeout = ?self.shutdown_timeout, "client connections still open at shutdown_timeout (a response still being written); closing them")
+                }
+            }
         }
     }
 }
