@@ -46,27 +46,11 @@ TARGET_IDLE_MIB=128
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_DIR=$ROOT/examples/bench
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-bench-memory.XXXXXX")
-chmod 755 "$TMP" # nginx workers may run as another user
 INVOCATION="$0${*:+ $*}"
 
 LOG_TAG=bench_memory
 # shellcheck source=examples/bench_procs.sh
 source "$ROOT/examples/bench_procs.sh"
-
-# Stops a process (and its children) started by this script: TERM, then KILL after 5 s.
-stop() {
-    local pid=$1 all=("$1") child
-    for child in $(pgrep -P "$pid" 2>/dev/null || true); do all+=("$child"); done
-    kill -TERM "${all[@]}" 2>/dev/null || true
-    for _ in $(seq 50); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "${all[@]}" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    forget "$pid"
-}
 
 # "VmRSS VmHWM" in KiB of a process plus its children (nginx: master + worker).
 mem_kib() {

@@ -46,8 +46,6 @@ WRK_PATH=/v1/completions
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_DIR=$ROOT/examples/bench
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-bench.XXXXXX")
-chmod 755 "$TMP" # nginx workers may run as another user
 INVOCATION="$0${*:+ $*}"
 
 LOG_TAG=bench

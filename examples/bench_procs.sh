@@ -1,28 +1,41 @@
 # Sourced by the scripts that start proxies themselves (bench_overhead.sh, bench_memory.sh):
-# logging, the bookkeeping that stops every process they started on exit, error or signal, and
-# free ports and readiness. The sourcing script sets LOG_TAG and TMP first.
+# their temp dir ($TMP, removed on exit unless KEEP_TMP=1), logging, the bookkeeping that stops
+# every process they started on exit, error or signal, and free ports and readiness. The
+# sourcing script sets LOG_TAG first.
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpulb-${LOG_TAG:-bench}.XXXXXX")
+chmod 755 "$TMP" # nginx workers may run as another user
 
 log() { printf '[%s %s] %s\n' "${LOG_TAG:-bench}" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------- process bookkeeping
 PIDS=()
-cleanup() {
-    local status=$? pid all=() child
-    trap - EXIT INT TERM
-    for pid in "${PIDS[@]}"; do
+
+# Stops processes and their children: TERM, then KILL what is left after $1 tenths of a second.
+terminate() {
+    local tenths=$1 pid all=() child alive
+    shift
+    for pid in "$@"; do
         [[ -n $pid ]] || continue
         all+=("$pid")
         for child in $(pgrep -P "$pid" 2>/dev/null || true); do all+=("$child"); done
     done
-    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for _ in $(seq 30); do
-        local alive=0
+    [[ ${#all[@]} -gt 0 ]] || return 0
+    kill -TERM "${all[@]}" 2>/dev/null || true
+    for _ in $(seq "$tenths"); do
+        alive=0
         for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
         [[ $alive == 0 ]] && break
         sleep 0.1
     done
-    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    kill -KILL "${all[@]}" 2>/dev/null || true
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    terminate 30 "${PIDS[@]}"
     wait 2>/dev/null || true
     if [[ ${KEEP_TMP:-0} == 1 ]]; then
         log "kept $TMP"
@@ -39,6 +52,12 @@ forget() { # drop a finished pid from PIDS
     local p keep=()
     for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
     PIDS=("${keep[@]}")
+}
+
+stop() { # stop one process this script started (and its children), within 5 s, and forget it
+    terminate 50 "$1"
+    wait "$1" 2>/dev/null || true
+    forget "$1"
 }
 
 # ---------------------------------------------------------------- ports and readiness
