@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Backend, Config, Proxy, Req, WAIT};
+use common::{message_len, Backend, Config, Proxy, Req, WAIT};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -41,7 +41,7 @@ async fn serve(mut socket: TcpStream, seen: Seen) {
         };
         reads += 1;
         pending.extend_from_slice(&buf[..n]);
-        while let Some(len) = request_len(&pending) {
+        while let Some(len) = message_len(&pending) {
             let request: Vec<u8> = pending.drain(..len).collect();
             // gpulb's own model discovery is not one of the test's requests.
             if !request.starts_with(b"GET /v1/models ") {
@@ -53,18 +53,6 @@ async fn serve(mut socket: TcpStream, seen: Seen) {
             }
         }
     }
-}
-
-/// The length of the first whole request in `bytes` (header and `Content-Length` body), if
-/// it has all arrived.
-fn request_len(bytes: &[u8]) -> Option<usize> {
-    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = String::from_utf8_lossy(&bytes[..head_end]).to_ascii_lowercase();
-    let body: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().expect("a numeric content-length"));
-    (bytes.len() >= head_end + body).then_some(head_end + body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,14 +83,26 @@ impl Raw {
 
 /// Whether `got` holds a whole response with a `Content-Length` body.
 fn complete(got: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(got);
-    let Some(end) = text.find("\r\n\r\n") else {
-        return false;
-    };
-    let length = text[..end].lines().find_map(|line| {
+    head(got).is_some_and(|(_, length)| length.is_some()) && message_len(got).is_some()
+}
+
+/// The length of the first whole HTTP/1 message in `bytes` (its header, then as many body bytes
+/// as its `Content-Length` says, none without one), once it has all arrived.
+pub fn message_len(bytes: &[u8]) -> Option<usize> {
+    let (head_len, length) = head(bytes)?;
+    let len = head_len + length.unwrap_or(0);
+    (bytes.len() >= len).then_some(len)
+}
+
+/// The length of the header at the start of `bytes` (blank line included) and its
+/// `Content-Length`, once the whole header has arrived.
+fn head(bytes: &[u8]) -> Option<(usize, Option<usize>)> {
+    let head_len = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let text = String::from_utf8_lossy(&bytes[..head_len]);
+    let length = text.lines().find_map(|line| {
         let (name, value) = line.split_once(':')?;
         name.eq_ignore_ascii_case("content-length")
-            .then(|| value.trim().parse::<usize>().ok())?
+            .then(|| value.trim().parse().expect("a numeric content-length"))
     });
-    length.is_some_and(|n| got.len() >= end + 4 + n)
+    Some((head_len, length))
 }
