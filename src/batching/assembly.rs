@@ -9,7 +9,7 @@ use crate::error::ProxyError;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
@@ -78,6 +78,9 @@ pub struct Batch {
     pub closed_early: Notify,
     /// Signalled when its last member leaves.
     pub emptied: Notify,
+    /// Signalled when its wait for company ends (see [`Batch::end_wait`]).
+    pub company_over: Notify,
+    wait_ended: AtomicBool,
     key: (u64, String),
     inner: Mutex<Inner>,
 }
@@ -100,6 +103,21 @@ impl Batch {
     /// Estimated tokens of its members' items.
     pub fn tokens(&self) -> u64 {
         self.lock().tokens
+    }
+
+    /// Ends its wait for company (its `max_wait` is over, or it goes now): it goes on taking
+    /// members while it waits for a slot. Whether this call ended it (only the first does).
+    pub fn end_wait(&self) -> bool {
+        if self.wait_ended.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let mut inner = self.lock();
+        if inner.stage == Stage::Open {
+            inner.stage = Stage::Waiting;
+        }
+        drop(inner);
+        self.company_over.notify_one();
+        true
     }
 
     /// Takes its members for the upstream call; from now on nobody joins or leaves it.
@@ -166,8 +184,8 @@ pub struct Joined {
 pub struct OpenBatches {
     open: Mutex<HashMap<(u64, String), Arc<Batch>>>,
     next_id: AtomicU64,
-    /// How late the class's batch timers have lately fired, which sets them earlier.
-    pub timer: super::timer::TimerLateness,
+    /// How late the class's batch timers have lately rung, which sets them earlier.
+    pub timer: Arc<super::timer::TimerLateness>,
 }
 
 impl OpenBatches {
@@ -224,6 +242,8 @@ impl OpenBatches {
             opened: Instant::now(),
             closed_early: Notify::new(),
             emptied: Notify::new(),
+            company_over: Notify::new(),
+            wait_ended: AtomicBool::new(false),
             key: key.clone(),
             inner: Mutex::new(inner),
         });
@@ -238,14 +258,6 @@ impl OpenBatches {
                 id,
             },
             opened: Some(batch),
-        }
-    }
-
-    /// Marks `batch`'s `max_wait` as over: it goes on taking members while it waits for a slot.
-    pub fn wait_over(&self, batch: &Batch) {
-        let mut inner = batch.lock();
-        if inner.stage == Stage::Open {
-            inner.stage = Stage::Waiting;
         }
     }
 
@@ -365,7 +377,7 @@ mod tests {
         assert!(d.opened.is_some(), "3 + 2 tokens pass max_batch_tokens 4");
         // Past its max_wait, waiting for a slot, it still takes members; closed, it does not.
         let next = d.opened.clone().unwrap();
-        batches.wait_over(&next);
+        assert!(next.end_wait() && !next.end_wait(), "ended once");
         let e = batches.join(1, s, member(json!({"input": "ab"})).0);
         assert!(e.opened.is_none());
         batches.close(&next);

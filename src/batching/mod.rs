@@ -7,13 +7,15 @@
 //!   merged body;
 //! - [`assembly`]: the open batches of a class, joining and leaving them;
 //! - [`runner`]: a batch's life once open (wait, admission, upstream call, answers);
-//! - [`timer`]: when a batch stops waiting, early by the timers' recent lateness;
+//! - [`timer`]: when a batch stops waiting, early by the clock's recent lateness;
+//! - [`clock`]: the thread that ends batches' waits on time;
 //! - [`split`]: the answer cut back into each member's own, usage shared exactly;
 //! - [`upstream`]: the HTTP exchange with the backend.
 //!
 //! The proxy side (joining from `request_filter` and answering there) is `proxy/batch.rs`.
 
 pub mod assembly;
+pub mod clock;
 pub mod input;
 pub mod runner;
 pub mod split;

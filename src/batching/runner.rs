@@ -4,8 +4,10 @@
 //! call, and answer every member with its own part.
 
 use super::assembly::{Answer, Batch, Member, OpenBatches, Reply};
+use super::clock::BatchClock;
 use super::input::merged_body;
 use super::split::split;
+use super::timer::TimerLateness;
 use super::upstream::{post, CallFailed};
 use crate::admission::TenantSlot;
 use crate::error::ProxyError;
@@ -14,7 +16,7 @@ use crate::metrics::ClassMetrics;
 use crate::routing::{Demand, Lease, ModelRoute, Slot, Snapshot};
 use http::HeaderValue;
 use std::sync::Arc;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 /// Everything a batch's runner needs, fixed when the batch opened.
 pub struct BatchJob {
@@ -96,33 +98,48 @@ impl BatchJob {
         &self.snapshot.classes[self.class].state.batches
     }
 
-    /// When the batch stops waiting for company at the latest: before its `max_wait`, early by
-    /// the lateness of recent wake-ups (see [`super::timer`]).
-    fn closing_time(&self) -> Instant {
-        let batch = &self.batch;
-        let timer = &self.batches().timer;
-        timer.closing_time(batch.opened, batch.settings.max_wait)
+    /// Starts the batch's wait for company: the [`BatchClock`] ends it at its closing time,
+    /// before its `max_wait`, early by the lateness of recent alarms (see [`super::timer`]),
+    /// unless it ends sooner. Its closing time.
+    fn start_wait(&self) -> Instant {
+        let timer = Arc::clone(&self.batches().timer);
+        let closing = timer.closing_time(self.batch.opened, self.batch.settings.max_wait);
+        let batch = Arc::downgrade(&self.batch);
+        let metrics = Arc::clone(&self.metrics);
+        BatchClock::global().set(closing.into_std(), move || {
+            if let Some(batch) = batch.upgrade() {
+                end_wait(&batch, closing, &timer, &metrics);
+            }
+        });
+        closing
     }
 
-    /// Waits until the batch is full or `closing` comes.
-    async fn company(&self, closing: Instant) {
+    /// Waits until the batch is full or its wait for company has ended.
+    async fn company(&self) {
         tokio::select! {
-            () = sleep_until(closing) => {}
+            () = self.batch.company_over.notified() => {}
             () = self.batch.closed_early.notified() => {}
         }
     }
 
-    /// Ends the batch's wait for company: its assembly delay recorded, and how late this task
-    /// woke past `closing` (by its timer or a slot granted meanwhile), which sets later
-    /// batches' timers; it still takes members while it waits for a slot.
+    /// Ends the batch's wait for company now, if the clock has not already.
     fn company_over(&self, closing: Instant) {
-        let batches = self.batches();
-        if Instant::now() >= closing {
-            self.metrics.batch_timer_late(batches.timer.woke(closing));
-        }
-        self.metrics.batch_assembled(self.batch.opened.elapsed());
-        batches.wait_over(&self.batch);
+        end_wait(&self.batch, closing, &self.batches().timer, &self.metrics);
     }
+}
+
+/// Ends `batch`'s wait for company (once: the clock or its runner, whichever comes first): its
+/// assembly delay recorded, and how late past `closing` this came when it did (the clock's
+/// lateness, or a slot granted meanwhile), which sets later batches' closing times; it still
+/// takes members while it waits for a slot.
+fn end_wait(batch: &Batch, closing: Instant, timer: &TimerLateness, metrics: &ClassMetrics) {
+    if !batch.end_wait() {
+        return;
+    }
+    if Instant::now() >= closing {
+        metrics.batch_timer_late(timer.woke(closing));
+    }
+    metrics.batch_assembled(batch.opened.elapsed());
 }
 
 /// `send_when_idle`: the batch asks for a slot as it opens and takes company until the slot
@@ -132,13 +149,13 @@ impl BatchJob {
 /// frees, with everyone who joined meanwhile. Batches form while the backends are busy, which
 /// is when they pay.
 async fn assemble_until_a_slot(job: &BatchJob, tenant: &str) -> Admitted {
-    let (demand, closing) = (job.demand(), job.closing_time());
+    let (demand, closing) = (job.demand(), job.start_wait());
     let admitting = admit(job, tenant, &demand);
     tokio::pin!(admitting);
     let granted = tokio::select! {
         biased;
         admitted = &mut admitting => Some(admitted),
-        () = job.company(closing) => None,
+        () = job.company() => None,
     };
     job.company_over(closing);
     match granted {
@@ -150,8 +167,8 @@ async fn assemble_until_a_slot(job: &BatchJob, tenant: &str) -> Admitted {
 /// Without `send_when_idle`: the batch waits for company until full or `max_wait` is over,
 /// whether or not a slot is free, then asks for one (still taking members meanwhile).
 async fn assemble_then_queue(job: &BatchJob, tenant: &str) -> Admitted {
-    let closing = job.closing_time();
-    job.company(closing).await;
+    let closing = job.start_wait();
+    job.company().await;
     if job.batches().close_if_empty(&job.batch) {
         return Err(None); // every member left
     }

@@ -185,7 +185,7 @@ impl Metrics {
         let batch_timer_late = histogram_in(
             &r,
             "gpulb_batch_timer_lateness_seconds",
-            "How late a batch's task woke past the time its wait for company was to end (its timer, set early by the lateness lately seen, or a slot granted after that time), by class.",
+            "How late a batch's wait for company ended past the time set for it (the batch clock's alarm, set early by the lateness lately seen, or a slot granted after that time), by class.",
             BATCH_DELAY_BUCKETS,
         );
         let batching = counter(
