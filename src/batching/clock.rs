@@ -6,6 +6,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -98,7 +99,10 @@ impl BatchClock {
                         continue;
                     };
                     drop(alarms);
-                    (alarm.ring)();
+                    // A ring that panics must not stop the clock for every later batch.
+                    if catch_unwind(AssertUnwindSafe(alarm.ring)).is_err() {
+                        tracing::error!("a batch clock alarm panicked; the clock goes on");
+                    }
                     self.lock()
                 }
                 Some(at) => {
@@ -138,6 +142,14 @@ mod tests {
         }
         let names: Vec<_> = rung.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["now", "first", "second", "third"]);
+        // One that panics leaves the clock running.
+        clock.set(Instant::now(), || panic!("a faulty alarm"));
+        let tx = tx.clone();
+        clock.set(Instant::now() + Duration::from_millis(5), move || {
+            let _ = tx.send(("after", Instant::now()));
+        });
+        let (name, _) = rx.recv_timeout(Duration::from_secs(10)).expect("rung");
+        assert_eq!(name, "after");
         for ((_, after), ms) in rung.iter().zip([0, 20, 40, 60]) {
             assert!(*after >= Duration::from_millis(ms), "rung early: {after:?}");
         }
