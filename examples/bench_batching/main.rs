@@ -10,7 +10,8 @@
 //! What it does, in one process: starts `--workers` simulated workers (`gpulb::tools::sim`,
 //! `--call-ms` per call + `--item-ms` per item, `--concurrency` calls at once each); for each
 //! target in turn starts it (own process group, killed on every exit path), waits until it
-//! answers, then runs one step per rate in `--rates`: Poisson arrivals for `--seconds`, each
+//! answers, then runs one step per rate in `--rates`: Poisson arrivals for `--seconds`, or
+//! longer at low rates, until `--min-requests` are due (the same at every target), each
 //! request timed from its scheduled send to its last byte. A step is sustained when at least 99%
 //! are answered 200 and the answers kept pace (ok per second, first arrival to last completion,
 //! at least 95% of the rate sent); a target's first unsustained step is its last. The knee is
@@ -42,9 +43,13 @@ struct Args {
         default_value = "50,100,150,200,300,600,1200,2400,4800"
     )]
     rates: Vec<f64>,
-    /// Length of each step's arrivals, seconds.
+    /// Length of each step's arrivals, seconds (at least; see --min-requests).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Requests each step sends at least, on average: a slow step runs longer than --seconds
+    /// to send them (a p99 of 250 requests is their 3rd slowest, a noisy figure).
+    #[arg(long, default_value_t = 1500)]
+    min_requests: u64,
     /// Simulated embedding workers.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -101,6 +106,14 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+impl Args {
+    /// How long the step at `rate` sends: `--seconds`, or long enough for `--min-requests`.
+    fn step_length(&self, rate: f64) -> Duration {
+        let for_requests = self.min_requests as f64 / rate.max(f64::MIN_POSITIVE);
+        Duration::from_secs_f64(self.seconds.max(for_requests))
+    }
 }
 
 fn main() {

@@ -135,8 +135,8 @@ pub async fn measure(
             None
         };
         let cpu_before = procs::group_cpu(child.pid());
-        let seconds = Duration::from_secs_f64(args.seconds);
-        let step = load::step(&client, &base, rate, seconds, args.seed + i as u64).await;
+        let length = args.step_length(rate);
+        let step = load::step(&client, &base, rate, length, args.seed + i as u64).await;
         let cpu = procs::group_cpu(child.pid()) - cpu_before;
         let after = if batching {
             batch_histograms(&client, &admin).await
@@ -188,9 +188,9 @@ pub fn render(args: &Args, results: &[(Target, Vec<Measured>)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Workers: {} simulated embedding workers, each {} ms per call + {} ms per item, {} calls at once, at most {} items per call. gpulb-batch: batching {{max_batch: {}, max_wait: {}ms}}; gpulb: the same config without batching; both with max_outstanding {} per backend. gpulb threads = nginx worker_processes = {}. Poisson arrivals, {} s per step, seed {}.\n",
+        "Workers: {} simulated embedding workers, each {} ms per call + {} ms per item, {} calls at once, at most {} items per call. gpulb-batch: batching {{max_batch: {}, max_wait: {}ms}}; gpulb: the same config without batching; both with max_outstanding {} per backend. gpulb threads = nginx worker_processes = {}. Poisson arrivals, {} s per step or long enough for {} requests, seed {}.\n",
         args.workers, args.call_ms, args.item_ms, args.concurrency, args.worker_max_batch,
-        args.max_batch, args.max_wait_ms, args.concurrency, args.threads, args.seconds, args.seed
+        args.max_batch, args.max_wait_ms, args.concurrency, args.threads, args.seconds, args.min_requests, args.seed
     );
     let _ = writeln!(out, "| target | offered/s | sent | ok | answered/s | p50 ms | p99 ms | sustained | items per batch | assembly delay mean ms | assembly delay p99 ≤ ms | timer lateness p99 ≤ ms | target CPU s |");
     let _ = writeln!(
