@@ -5,7 +5,7 @@
 # examples/bench_batching/main.rs for what is measured, BENCHMARKS.md ("Batching") for results.
 #
 # Usage (from anywhere; everything runs on 127.0.0.1 with free ports, then is torn down):
-#   bash examples/bench_batching.sh                  # build, then every target (~3 min)
+#   bash examples/bench_batching.sh                  # build, then every target (~4 min)
 #   bash examples/bench_batching.sh --seconds 10     # extra flags go to the harness (--help)
 # Knobs (environment): SKIP_BUILD=1 uses the existing release binaries;
 # OUT=target/bench_batching is the run directory (configs, logs, results.md).
