@@ -22,9 +22,10 @@
 //!    requests, both rates multiplied by `--burst-factor` inside burst windows; the gpulb-body
 //!    target gets the same requests without the `x-priority` header, and tells the classes
 //!    apart from the JSON body (`--body-match`);
-//! 3. for each target in turn: writes its config into the run directory, starts it as a child
-//!    process (own process group, killed by a guard on every exit path), waits until it answers
-//!    and the fleet is idle, replays the trace open loop (one task per request, launched at its
+//! 3. for each target in turn: restarts the fleet (new workers on the same addresses, so every
+//!    target starts with cold prefix caches, as the first did), writes its config into the run
+//!    directory, starts it as a child process (own process group, killed by a guard on every
+//!    exit path), waits until it answers and the fleet is idle, replays the trace open loop (one task per request, launched at its
 //!    scheduled time whatever earlier requests are doing), then stops it;
 //! 4. prints markdown tables (per target and class: TTFT and end-to-end p50/p99, completed/s,
 //!    tokens/s, errors, sheds; routing and harness diagnostics) and writes them, the configs,

@@ -5,8 +5,10 @@ use crate::procs;
 use crate::Args;
 use gpulb::tools::sim::{SimWorker, WorkerProfile};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
 
@@ -37,6 +39,7 @@ pub fn profiles(a: &Args) -> Vec<WorkerProfile> {
 /// cannot starve it. Fields drop in order: the fleet first, then the runtimes.
 pub struct Bench {
     pub fleet: Arc<Vec<SimWorker>>,
+    profiles: Vec<WorkerProfile>,
     client_rt: Runtime,
     sim_rt: Runtime,
 }
@@ -53,9 +56,31 @@ impl Bench {
         stop_children_on_signal(&client_rt);
         Ok(Bench {
             fleet: Arc::new(fleet),
+            profiles: profiles.to_vec(),
             client_rt,
             sim_rt,
         })
+    }
+
+    /// Replaces every worker with a new one on the same address, so that each target meets the
+    /// fleet as the first one did: prefix caches empty (a worker keeps the blocks of every
+    /// prompt it served, and every target is sent the same prompts), nothing running, counters
+    /// at zero.
+    pub fn fresh_fleet(&mut self) -> Result<(), String> {
+        let old = std::mem::take(&mut self.fleet);
+        let addrs: Vec<SocketAddr> = old.iter().map(SimWorker::addr).collect();
+        self.sim_rt.block_on(async {
+            for worker in old.iter() {
+                worker.kill_and_wait().await;
+            }
+        });
+        drop(old);
+        let fleet = self
+            .sim_rt
+            .block_on(rebind(&addrs, &self.profiles))
+            .map_err(|e| format!("cannot restart the fleet: {e}"))?;
+        self.fleet = Arc::new(fleet);
+        Ok(())
     }
 
     /// `127.0.0.1:PORT` of each worker.
@@ -74,6 +99,7 @@ impl Bench {
             fleet,
             client_rt,
             sim_rt,
+            ..
         } = self;
         drop(fleet);
         client_rt.shutdown_timeout(Duration::from_secs(1));
@@ -94,6 +120,17 @@ async fn bind(profiles: &[WorkerProfile]) -> std::io::Result<Vec<SimWorker>> {
     let mut v = Vec::new();
     for p in profiles {
         v.push(SimWorker::bind_loopback(p.clone()).await?);
+    }
+    Ok(v)
+}
+
+async fn rebind(
+    addrs: &[SocketAddr],
+    profiles: &[WorkerProfile],
+) -> std::io::Result<Vec<SimWorker>> {
+    let mut v = Vec::new();
+    for (addr, p) in addrs.iter().zip(profiles) {
+        v.push(SimWorker::start(TcpListener::bind(addr).await?, p.clone())?);
     }
     Ok(v)
 }

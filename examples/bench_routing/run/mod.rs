@@ -1,5 +1,6 @@
-//! One benchmark run: the trace and the fleet set up once, every target in turn sent that same
-//! trace, then the results written into the run directory.
+//! One benchmark run: the trace set up once, every target in turn sent that same trace on a
+//! fleet restarted for it (same addresses, cold caches), then the results written into the run
+//! directory.
 
 mod fleet;
 mod header;
@@ -42,18 +43,18 @@ pub fn run(a: &Args) -> Result<(), String> {
         return Ok(());
     }
 
-    let bench = Bench::start(a.client_threads, &profiles)?;
+    let mut bench = Bench::start(a.client_threads, &profiles)?;
     let plan = Plan::new(a, &dir, &gpulb_bin, trace.clone(), bench.addrs());
     let mut runs = Vec::new();
     let mut configs = Vec::new();
     let mut pairs = Vec::new();
     let mut reload_pairs = Vec::new();
     for &target in &targets {
-        let (run, config, beside) = target::run_target(&bench, &plan, target, None, false)?;
+        let (run, config, beside) = target::run_target(&mut bench, &plan, target, None, false)?;
         configs.push((target.name().to_string(), config));
         if a.reload_every.is_some() {
             let (reloading, _, reloading_beside) =
-                target::run_target(&bench, &plan, target, None, true)?;
+                target::run_target(&mut bench, &plan, target, None, true)?;
             reload_pairs.push(reload_report::Pair {
                 steady: (run, beside),
                 reloading: (reloading, reloading_beside),
@@ -63,7 +64,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         match abuse_spec(a) {
             Some(spec) => {
                 let (abused, _, abused_beside) =
-                    target::run_target(&bench, &plan, target, Some(spec), false)?;
+                    target::run_target(&mut bench, &plan, target, Some(spec), false)?;
                 pairs.push(abuse_report::Pair {
                     clean: (run, beside),
                     abused: (abused, abused_beside),

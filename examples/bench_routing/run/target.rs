@@ -130,11 +130,11 @@ async fn ejections_at(admin: &str) -> Option<u64> {
     )
 }
 
-/// Runs `target` through the trace, beside `abuse` when given (against its first replica),
-/// its config reloaded every --reload-every when `reload`; returns what was measured and the
+/// Runs `target` through the trace on a fresh fleet, beside `abuse` when given (against its
+/// first replica), its config reloaded every --reload-every when `reload`; returns what was measured and the
 /// path of its config (the first replica's, when it runs several).
 pub fn run_target(
-    bench: &Bench,
+    bench: &mut Bench,
     plan: &Plan,
     target: Target,
     abuse: Option<AbuseSpec>,
@@ -146,6 +146,7 @@ pub fn run_target(
         (None, false) => target.name().to_string(),
     };
     let name = name.as_str();
+    bench.fresh_fleet()?;
     let mut children = Vec::new();
     let mut config_path = None;
     let mut first_listen = None;
