@@ -50,8 +50,9 @@ impl Bench {
     pub fn start(client_threads: usize, profiles: &[WorkerProfile]) -> Result<Bench, String> {
         let sim_rt = runtime(1, "bench-sim")?;
         let client_rt = runtime(client_threads.max(1), "bench-client")?;
+        let anywhere = vec![SocketAddr::from(([127, 0, 0, 1], 0)); profiles.len()];
         let fleet = sim_rt
-            .block_on(bind(profiles))
+            .block_on(bind(&anywhere, profiles))
             .map_err(|e| format!("cannot start the fleet: {e}"))?;
         stop_children_on_signal(&client_rt);
         Ok(Bench {
@@ -77,7 +78,7 @@ impl Bench {
         drop(old);
         let fleet = self
             .sim_rt
-            .block_on(rebind(&addrs, &self.profiles))
+            .block_on(bind(&addrs, &self.profiles))
             .map_err(|e| format!("cannot restart the fleet: {e}"))?;
         self.fleet = Arc::new(fleet);
         Ok(())
@@ -116,21 +117,14 @@ fn runtime(threads: usize, name: &str) -> Result<Runtime, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn bind(profiles: &[WorkerProfile]) -> std::io::Result<Vec<SimWorker>> {
-    let mut v = Vec::new();
-    for p in profiles {
-        v.push(SimWorker::bind_loopback(p.clone()).await?);
-    }
-    Ok(v)
-}
-
-async fn rebind(
-    addrs: &[SocketAddr],
-    profiles: &[WorkerProfile],
-) -> std::io::Result<Vec<SimWorker>> {
+/// One worker per profile, listening on the address beside it (port 0: any free port).
+async fn bind(addrs: &[SocketAddr], profiles: &[WorkerProfile]) -> Result<Vec<SimWorker>, String> {
     let mut v = Vec::new();
     for (addr, p) in addrs.iter().zip(profiles) {
-        v.push(SimWorker::start(TcpListener::bind(addr).await?, p.clone())?);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        v.push(SimWorker::start(listener, p.clone()).map_err(|e| e.to_string())?);
     }
     Ok(v)
 }
