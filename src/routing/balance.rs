@@ -50,6 +50,13 @@ impl Candidate {
     pub fn available(&self) -> bool {
         self.eligible && self.outstanding < self.max_outstanding
     }
+
+    /// Records that another request took this candidate's last slot after it was read: it is
+    /// full, not out of the running — a request may still be held for it to free a slot.
+    pub fn filled_by_another(&mut self) {
+        self.outstanding = self.max_outstanding;
+        self.load = self.load.saturating_add(1).max(self.max_outstanding);
+    }
 }
 
 /// Compares the load after adding one request, `(load + 1) * slowness / weight`, without

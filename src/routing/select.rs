@@ -111,7 +111,7 @@ impl Snapshot {
         };
         placement.rank(&mut choice);
         let mut rng = rand::rng();
-        // Each failed acquire (another request took the last slot) removes one candidate.
+        // Each failed acquire (another request took the last slot) fills one candidate.
         for _ in 0..choice.candidates.len() {
             let chosen = placement.pick(&choice, &mut rng).ok_or(Miss::Full)?;
             if ask.may_hold {
@@ -138,7 +138,7 @@ impl Snapshot {
                     ask.demand.tokens,
                 ));
             }
-            choice.candidates[chosen].eligible = false;
+            choice.candidates[chosen].filled_by_another();
         }
         Err(Miss::Full)
     }

@@ -89,6 +89,14 @@ impl Proxy {
         std::fs::read_to_string(self._dir.path().join("stdout.log")).unwrap_or_default()
     }
 
+    /// The access-log records written so far (JSON, the default format), one object each.
+    pub fn access_records(&self) -> Vec<Value> {
+        self.stdout()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     /// Replaces the config file the way editors do: write a temp file, rename it over.
     pub fn rewrite_config(&self, body: impl Display) {
         let tmp = self.config_path.with_extension("yaml.tmp");

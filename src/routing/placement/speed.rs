@@ -211,6 +211,18 @@ mod tests {
     }
 
     #[test]
+    fn a_fast_member_filled_by_a_concurrent_request_is_still_waited_for() {
+        // Read free, then another request took its only slot before this one could.
+        let speeds = PoolSpeeds::new(&[m(0.25), m(2.0)], &[], &[true; 2]);
+        let mut raced = cand(0);
+        raced.max_outstanding = 1;
+        assert!(!speeds.should_hold(1, &[raced, cand(0)], 2, 1.0));
+        raced.filled_by_another();
+        assert!(!raced.available());
+        assert!(speeds.should_hold(1, &[raced, cand(0)], 2, 1.0));
+    }
+
+    #[test]
     fn an_unmeasured_member_borrows_its_relative_speed_from_other_classes() {
         // The long class has measured only the fast members; the short class saw member 1
         // take twice as long as member 0.
