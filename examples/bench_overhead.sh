@@ -23,6 +23,12 @@
 #   TARGETS="direct gpulb nginx haproxy"   which targets, in this order each round
 #   BODY_BYTES=N     POST a completion body of exactly N bytes (its prompt padded) instead of
 #                    post.lua's 66-byte one
+#   PACE_MS=N        each wrk connection pauses N ms after every response before its next
+#                    request (wrk's delay()): the offered load is about
+#                    WRK_CONNS x 1000 / (N + latency) req/s for every target, so the backend's
+#                    CPU per request is compared at (nearly) the same rate, not at each
+#                    proxy's own saturation, where a faster proxy feeds the backend bigger
+#                    batches per wake-up
 #   SYSCALLS=1       also count the system calls of the proxy and of the backend over each
 #                    measured run with `perf stat` (needs perf and access to the syscall
 #                    tracepoints) and print them per request for each target's median run
@@ -42,6 +48,7 @@ PROXY_THREADS=${PROXY_THREADS:-1}
 BACKEND_THREADS=${BACKEND_THREADS:-1}
 TARGETS=${TARGETS:-direct gpulb nginx haproxy}
 BODY_BYTES=${BODY_BYTES:-}
+PACE_MS=${PACE_MS:-}
 WRK_PATH=/v1/completions
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -184,6 +191,11 @@ print("\n".join(lines))
 PY
     LUA=$TMP/post.lua LUA_SHOWN="examples/bench/post.lua with a $BODY_BYTES-byte wrk.body"
 fi
+if [[ -n $PACE_MS ]]; then
+    [[ $PACE_MS =~ ^[0-9]+$ ]] || die "PACE_MS must be whole milliseconds, not '$PACE_MS'"
+    { cat "$LUA"; printf '\nfunction delay()\n  return %d\nend\n' "$PACE_MS"; } >"$TMP/paced.lua"
+    LUA=$TMP/paced.lua LUA_SHOWN="$LUA_SHOWN with delay() = $PACE_MS ms"
+fi
 WRK_ARGS=(-t"$WRK_THREADS" -c"$WRK_CONNS" --latency --timeout 5s -s "$LUA")
 wrk_cmd() { echo "wrk -t$WRK_THREADS -c$WRK_CONNS -d$1 --latency --timeout 5s -s $LUA_SHOWN http://ADDR$WRK_PATH"; }
 
@@ -315,7 +327,7 @@ git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ u
 {
     echo "### Proxy overhead: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
+    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES PACE_MS; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
     echo "- load, each target: \`$(wrk_cmd "$DURATION")\` after a \`-d$WARMUP\` warm-up; $ROUNDS interleaved round(s)"
     echo "- machine: nproc $(nproc), $cpu_model, $(uname -sr), load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- versions: gpulb $rev${ADDR[gpulb-base]:+ (gpulb-base: $BASE_GPULB)}, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
