@@ -216,8 +216,11 @@ async fn a_lone_request_waits_for_company_at_most_max_wait() {
         metric(&page, &series)
     };
     assert_eq!(delays("+Inf"), 5.0);
-    assert_eq!(delays("0.1"), 5.0, "every batch closed within max_wait");
-    assert_eq!(delays("0.05"), 0.0, "and each waited for company first");
+    // Each batch was closed by its max_wait alarm: not before half of it, not long after it.
+    // (How close to max_wait a wake-up comes depends on the machine's scheduling, which a
+    // busy test machine delays: that is measured by `bench_batching`, not asserted here.)
+    assert_eq!(delays("0.05"), 0.0, "each waited for company first");
+    assert_eq!(delays("0.25"), 5.0, "every batch closed about at max_wait");
     // Each timer fired, set early: its wake-up's lateness past that time is counted.
     let woke = r#"gpulb_batch_timer_lateness_seconds_count{class="default"}"#;
     assert_eq!(metric(&page, woke), 5.0, "{page}");
