@@ -32,7 +32,7 @@ const BODY_BUFFER_SIZE: usize = 1024 * 64;
 /// The first read of a body asks for this much; a read that fills what it asked for doubles
 /// the next one, up to the body buffer size (gpulb's patch: a slow token stream, whose reads
 /// are a few hundred bytes, holds a small buffer for its whole life instead of 64 KiB).
-const FIRST_READ_SIZE: usize = 1024 * 4;
+const FIRST_READ_SIZE: usize = 1024;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2

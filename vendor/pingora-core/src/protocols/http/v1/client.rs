@@ -337,7 +337,12 @@ impl HttpSession {
                             return self.fail_response_header_read(e);
                         }
 
-                        let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
+                        // gpulb's patch: the header (and what was read past it) is kept for
+                        // the response's life; a copy of just those bytes lets the read
+                        // buffer's unused capacity go now instead of with the response.
+                        let buf = Bytes::copy_from_slice(&std::mem::take(
+                            &mut self.response_header_read_buf,
+                        ));
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);

@@ -370,7 +370,11 @@ impl HttpSession {
                             // representation. split_off() would promote it to shared storage.
                             detached_suffix.take().unwrap_or_default()
                         } else {
-                            let mut rest = buf.split_off(s);
+                            // gpulb's patch: a copy, not split_off(), so that neither the body
+                            // read with the header nor the header kept below holds on to the
+                            // read buffer's allocation for the request's life.
+                            let mut rest = BytesMut::from(&buf[s..]);
+                            buf.truncate(s);
                             if let Some(suffix) = detached_suffix.take() {
                                 // The URI-escape path below detaches everything past the first
                                 // CRLFCRLF, but httparse also accepts bare LF line endings, so the
@@ -380,7 +384,9 @@ impl HttpSession {
                             }
                             rest
                         };
-                        let buf = buf.freeze();
+                        // gpulb's patch: the header is kept for the request's life; a copy
+                        // of just its bytes lets the read buffer's capacity go now.
+                        let buf = Bytes::copy_from_slice(&buf);
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
