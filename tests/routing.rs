@@ -37,7 +37,13 @@ async fn concurrent_requests_spread_by_weight() {
     let config =
         Config::fleet(&workers).each_backend_at(|i, b| if i == 1 { b.weight(3) } else { b });
     let proxy = Proxy::start(config).await;
-    let held: Vec<_> = (0..8).map(|_| proxy.spawn(Req::sleep(3000))).collect();
+    // One at a time, each in flight before the next is sent: two requests arriving at once on
+    // the proxy's two threads may both read the same counts and both go to the same backend.
+    let mut held = Vec::new();
+    for in_flight in 1..=8 {
+        held.push(proxy.spawn(Req::sleep(3000)));
+        proxy.wait_total_outstanding(in_flight).await;
+    }
     let (w0, w1) = proxy
         .wait_status("eight requests in flight", |s| {
             let counts = (
