@@ -28,9 +28,14 @@ async fn uneven_pair(placement: &str) -> (Vec<SimWorker>, Proxy) {
     (workers, proxy)
 }
 
-/// `count` requests for `/sleep/250` at once; the workers that answered them.
-async fn burst(proxy: &Proxy, count: usize) -> Vec<String> {
-    served_by(&proxy.burst(count, &Req::sleep(250)).await)
+/// `count` copies of `req` at once; the workers that answered them.
+async fn burst(proxy: &Proxy, count: usize, req: &Req) -> Vec<String> {
+    served_by(&proxy.burst(count, req).await)
+}
+
+/// The request every test here sends: 250 ms of work on w0, [`SLOWDOWN`] times that on w1.
+fn job() -> Req {
+    Req::sleep(250)
 }
 
 /// The request id the requests of [`three_rounds_of_three`] carry, to find them in the log.
@@ -41,9 +46,9 @@ const ROUND_ID: &str = "round-of-three";
 async fn three_rounds_of_three(placement: &str) -> (Vec<SimWorker>, Proxy, Vec<Value>) {
     let (workers, proxy) = uneven_pair(placement).await;
     measure_both(&proxy).await;
-    let req = Req::sleep(250).header("x-request-id", ROUND_ID);
+    let tagged = job().header("x-request-id", ROUND_ID);
     for _ in 0..3 {
-        served_by(&proxy.burst(3, &req).await);
+        burst(&proxy, 3, &tagged).await;
     }
     let rounds = eventually(WAIT, "the nine requests' access-log lines", || async {
         let rounds: Vec<Value> = proxy
@@ -75,7 +80,7 @@ async fn service_seconds(proxy: &Proxy) -> Value {
 /// both workers; returns what it measured.
 async fn measure_both(proxy: &Proxy) -> (f64, f64) {
     eventually(WAIT, "both workers measured", || async {
-        burst(proxy, 2).await;
+        burst(proxy, 2, &job()).await;
         let seen = service_seconds(proxy).await;
         Some((seen["w0"].as_f64()?, seen["w1"].as_f64()?))
     })
@@ -129,7 +134,7 @@ async fn earliest_finish_waits_for_the_fast_backend_unless_the_queue_is_long() {
         service_seconds(&proxy).await
     );
     // Sixteen at once: w0 cannot drain that queue in the 1.75 s w1 would lose, so w1 helps.
-    let served = burst(&proxy, 16).await;
+    let served = burst(&proxy, 16, &job()).await;
     assert!(count(&served, "w1") >= 1, "w1 never used: {served:?}");
     assert!(
         count(&served, "w0") > count(&served, "w1"),
@@ -155,7 +160,7 @@ async fn speed_weighted_sends_one_at_a_time_traffic_to_the_fast_backend() {
     measure_both(&proxy).await;
     // Both idle: (0+1) x 1 against (0+1) x 8, so w0 every time (least_loaded would toss a coin);
     // the previous request may still hold w0's slot: (1+1) x 1 still wins.
-    let served = served_by(&proxy.send_n(10, &Req::sleep(250)).await);
+    let served = served_by(&proxy.send_n(10, &job()).await);
     assert_eq!(count(&served, "w0"), 10, "served by {served:?}");
     proxy.wait_idle().await;
 }

@@ -362,9 +362,8 @@ impl HttpSession {
                             _ => Version::HTTP_09,
                         });
 
-                        // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
-                        // allows body parsing and subsequent pipelined sessions to continue
-                        // splitting the same allocation instead of copying the shrinking suffix.
+                        // Detach bytes beyond the header as an owned BytesMut for body parsing
+                        // and subsequent pipelined sessions (gpulb's patch: copied, below).
                         let preread_body = if s == buf.len() {
                             // Keep the common no-body/no-overread path on BytesMut's Vec-backed
                             // representation. split_off() would promote it to shared storage.
