@@ -349,13 +349,21 @@ enum Miss {
 }
 
 /// This proxy's cap on a backend whose cap (for the class) is `cap`, when its server was last
-/// read holding `at_read`: the others' requests take their slots, and while others are there,
-/// the room that was free then is this proxy's to fill only by half — they see the same room,
-/// and until the next reading neither sees what the other takes. A slot this proxy releases
-/// meanwhile is its own to fill again.
+/// read holding `at_read`: the others' requests take their slots, and the room that was free
+/// then is split by who has been sending there — the others see the same room, and until the
+/// next reading neither sees what the other takes. Their part is the room times their
+/// remembered share of the backend's load ([`OthersAtRead::others_share`]), at least half of
+/// it while others are there now, rounded down and never all of it: so a replica that saw
+/// nobody else at the last reading does not take the whole room when others sent there
+/// lately, and one free slot is always fillable. A slot this proxy releases meanwhile is its
+/// own to fill again.
 fn cap_beside_others(cap: u32, at_read: OthersAtRead) -> u32 {
     let room = cap.saturating_sub(at_read.own.saturating_add(at_read.others));
-    let theirs_of_room = if at_read.others > 0 { room / 2 } else { 0 };
+    let mut share = at_read.others_share.clamp(0.0, 1.0);
+    if at_read.others > 0 {
+        share = share.max(0.5);
+    }
+    let theirs_of_room = ((f64::from(room) * share) as u32).min(room.saturating_sub(1));
     cap.saturating_sub(at_read.others.saturating_add(theirs_of_room))
 }
 

@@ -216,6 +216,16 @@ fn leases_count_their_tokens_on_the_backend_until_dropped() {
 /// One backend with room for 4, a bulk class allowed half of it, and a server that reports
 /// `running` requests of which this proxy had `own` in flight when it was read.
 fn shared_backend(count_others: bool, running: f64, own: u32) -> Snapshot {
+    shared_backend_with_share(count_others, running, own, 0.0)
+}
+
+/// [`shared_backend`], with everyone else's remembered share of the backend's load.
+fn shared_backend_with_share(
+    count_others: bool,
+    running: f64,
+    own: u32,
+    others_share: f64,
+) -> Snapshot {
     let yaml = format!(
         r#"
 health_check: {{enabled: false}}
@@ -246,6 +256,7 @@ default_class: bulk
             server_sample: Some(crate::telemetry::ServerSample {
                 taken_at: now,
                 own_in_flight: own,
+                others_share,
             }),
         })));
     snap
@@ -293,9 +304,24 @@ fn room_free_beside_other_replicas_is_filled_only_by_half_until_the_next_reading
     // and the other replica sees them too: this one takes 2 of them (3 - 3/2).
     let snap = shared_backend(true, 1.0, 0);
     assert_eq!(leases_until_refused(&snap, 0).len(), 2);
-    // Nobody else there: all the room is ours.
+    // Nobody else there, and nobody else seen before: all the room is ours.
     let snap = shared_backend(true, 0.0, 0);
     assert_eq!(leases_until_refused(&snap, 0).len(), 4);
+}
+
+#[test]
+fn room_is_split_by_the_remembered_share_of_the_others() {
+    // Nobody else there at the last reading, but other replicas carried half of the backend's
+    // load lately: they will fill half of the 4 free slots too, so this one takes 2.
+    let snap = shared_backend_with_share(true, 0.0, 0, 0.5);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 2);
+    // Two others sending as much as this one each (a share of 2/3): 2 of the 3 free slots
+    // are theirs (rounded down), 1 is ours.
+    let snap = shared_backend_with_share(true, 1.0, 0, 2.0 / 3.0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 1);
+    // However large the others' share, one free slot is always this replica's to take.
+    let snap = shared_backend_with_share(true, 3.0, 0, 1.0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 1);
 }
 
 #[test]

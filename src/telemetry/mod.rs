@@ -169,6 +169,10 @@ pub struct ServerSample {
     pub taken_at: Instant,
     /// Requests this proxy had in flight on the backend as the answer arrived.
     pub own_in_flight: u32,
+    /// Everyone else's share of the backend's load over recent readings (0 to 1): moved an
+    /// eighth of the way toward each reading's share, left alone by readings of an idle
+    /// backend, so it remembers other replicas through a quiet moment.
+    pub others_share: f64,
 }
 
 impl Telemetry {
@@ -195,17 +199,21 @@ impl Telemetry {
         Some(OthersAtRead {
             others: others.clamp(0.0, f64::from(u32::MAX / 2)) as u32,
             own: sample.own_in_flight,
+            others_share: sample.others_share,
         })
     }
 }
 
 /// Who held a backend when its server was last read: everyone else, and this proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OthersAtRead {
     /// Requests that were not this proxy's.
     pub others: u32,
     /// This proxy's own requests in flight then.
     pub own: u32,
+    /// Everyone else's share of the backend's load over recent readings
+    /// ([`ServerSample::others_share`]).
+    pub others_share: f64,
 }
 
 /// Whether `t` is at most `max_age` old at `now`.

@@ -181,6 +181,7 @@ pub async fn poll(
             failing: false,
         })
         .collect();
+    let mut others_share = OthersShare::default();
     while !slots.is_empty() && !*shutdown.borrow() {
         let round = Instant::now();
         let hurry = target.hurry();
@@ -204,7 +205,9 @@ pub async fn poll(
             any_ok |= record(slot, result, own_in_flight, &backend_url, &errors);
         }
         if any_ok {
-            sink.store(Some(Arc::new(merged(&slots))));
+            let mut telemetry = merged(&slots);
+            others_share.observe(&mut telemetry);
+            sink.store(Some(Arc::new(telemetry)));
             target.stored();
         }
         let mut wake = slots.iter().map(|s| s.next).min().unwrap_or(round);
@@ -264,6 +267,7 @@ fn merged(slots: &[Slot]) -> Telemetry {
             server_sample = Some(ServerSample {
                 taken_at: at.into_std(),
                 own_in_flight: *own_in_flight,
+                others_share: 0.0,
             });
         }
         reading.merge(r);
@@ -273,5 +277,36 @@ fn merged(slots: &[Slot]) -> Telemetry {
         reading,
         taken_at: oldest.unwrap_or_else(Instant::now).into_std(),
         server_sample,
+    }
+}
+
+/// How far each new server reading moves the remembered share of everyone else's load.
+const OTHERS_SHARE_STEP: f64 = 1.0 / 8.0;
+
+/// Everyone else's share of one backend's load, remembered across its readings.
+#[derive(Debug, Default)]
+pub(super) struct OthersShare {
+    share: f64,
+    last_sample: Option<std::time::Instant>,
+}
+
+impl OthersShare {
+    /// Moves the share toward what `telemetry`'s server sample shows (once per new sample, and
+    /// only when the backend had load then) and writes it into that sample.
+    pub(super) fn observe(&mut self, telemetry: &mut Telemetry) {
+        let Some(sample) = telemetry.server_sample else {
+            return;
+        };
+        if self.last_sample != Some(sample.taken_at) {
+            self.last_sample = Some(sample.taken_at);
+            let at_read = telemetry.others_at_read(Duration::MAX, sample.taken_at);
+            if let Some(at_read) = at_read.filter(|a| a.own + a.others > 0) {
+                let now = f64::from(at_read.others) / f64::from(at_read.own + at_read.others);
+                self.share += (now - self.share) * OTHERS_SHARE_STEP;
+            }
+        }
+        if let Some(sample) = telemetry.server_sample.as_mut() {
+            sample.others_share = self.share;
+        }
     }
 }

@@ -186,6 +186,7 @@ fn with_server(running: Option<f64>, waiting: Option<f64>, own: u32, at: Instant
         server_sample: Some(ServerSample {
             taken_at: at,
             own_in_flight: own,
+            others_share: 0.0,
         }),
     }
 }
@@ -207,6 +208,38 @@ fn others_in_flight_is_the_servers_count_less_our_own() {
     let mut t = with_server(Some(1.0), None, 0, now);
     t.server_sample = None;
     assert_eq!(t.others_in_flight(max, now), None);
+}
+
+#[test]
+fn the_others_share_is_remembered_through_readings_of_an_idle_backend() {
+    let start = Instant::now();
+    let mut share = super::poll::OthersShare::default();
+    let mut seen = |running: f64, own: u32, after_ms: u64| {
+        let mut t = with_server(
+            Some(running),
+            None,
+            own,
+            start + Duration::from_millis(after_ms),
+        );
+        share.observe(&mut t);
+        t.others_at_read(Duration::MAX, t.taken_at)
+            .unwrap()
+            .others_share
+    };
+    // Half of the load is someone else's: the share moves an eighth of the way there.
+    assert_eq!(seen(8.0, 4, 0), 0.0625);
+    let mut last = 0.0625;
+    for i in 1..40 {
+        last = seen(8.0, 4, i * 200);
+    }
+    assert!((last - 0.5).abs() < 0.01, "{last}");
+    // An idle backend says nothing about who sends there: the share is kept.
+    assert_eq!(seen(0.0, 0, 9_000), last);
+    // The same sample read again (its source failed this round) does not count twice.
+    assert_eq!(seen(0.0, 0, 9_000), last);
+    // Only our own requests there: the share decays toward none.
+    let after = seen(4.0, 4, 9_200);
+    assert!(after < last && after > 0.4, "{after}");
 }
 
 #[test]
