@@ -148,6 +148,7 @@ impl Snapshot {
         let first = *prefix.first()?;
         let ids: Vec<u32> = members.iter().map(|&i| self.backends[i].state.id).collect();
         Some(Affinity {
+            blocks: u32::try_from(prefix.len()).unwrap_or(u32::MAX),
             matched: self.prefixes.matches(prefix, &ids),
             rendezvous: members
                 .iter()

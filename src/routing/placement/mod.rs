@@ -35,6 +35,8 @@ pub struct Choice<'a> {
 /// A prompt prefix as seen from each member of a pool, in member order.
 #[derive(Debug, Clone, Default)]
 pub struct Affinity {
+    /// Blocks of the prompt's prefix fingerprint.
+    pub blocks: u32,
     /// Leading blocks of the prompt last sent to each member.
     pub matched: Vec<u32>,
     /// Each member's rendezvous score for the prompt's first block.

@@ -1,11 +1,12 @@
-//! `prefix_affinity`: send a prompt to the backend that already holds the longest part of its
-//! prefix in its KV-cache, unless that backend is much busier than the least loaded one; when no
-//! backend has seen the prompt, choose among the least loaded by rendezvous hash of the prompt's
-//! first block, so independent gpulb replicas agree on its home.
+//! `prefix_affinity`: send a prompt to the backend where the part of it not yet in its KV-cache
+//! costs the least to prefill — the longest cached prefix, weighed by the backend's measured
+//! speed — unless that backend is much busier than the least loaded one; when no backend has
+//! seen the prompt, choose among the least loaded (speed counted) by rendezvous hash of the
+//! prompt's first block, so independent gpulb replicas agree on its home.
 
 use super::{Choice, Placement};
 use crate::config::PlacementKind;
-use crate::routing::balance;
+use crate::routing::balance::{self, Candidate};
 use rand::RngCore;
 
 /// The home may carry this many more requests (per unit of weight) than the least loaded...
@@ -13,9 +14,17 @@ pub const LOAD_SLACK: f64 = 4.0;
 /// ...and this many times its load, before the request goes to the least loaded instead.
 pub const LOAD_FACTOR: f64 = 1.5;
 
-/// Longest cached prefix first, within a bounded load; rendezvous for unseen prompts.
+/// Cheapest prefill of the uncached rest first, within a bounded load; rendezvous for unseen
+/// prompts.
 #[derive(Debug)]
 pub struct PrefixAffinity;
+
+/// The prefill work left on `c` when it already holds `matched` of the prompt's `blocks`:
+/// the uncached blocks times the backend's slowness (a half-speed GPU prefills a block in
+/// twice the time).
+fn uncached_cost(c: &Candidate, blocks: u32, matched: u32) -> u64 {
+    u64::from(blocks.saturating_sub(matched).max(1)) * u64::from(c.slowness_milli.max(1))
+}
 
 impl Placement for PrefixAffinity {
     fn kind(&self) -> PlacementKind {
@@ -26,6 +35,12 @@ impl Placement for PrefixAffinity {
         true
     }
 
+    /// Measured speeds make the load a half-speed backend carries count double, and its
+    /// prefill of an uncached prompt too.
+    fn uses_speeds(&self) -> bool {
+        true
+    }
+
     fn pick(&self, choice: &Choice<'_>, rng: &mut dyn RngCore) -> Option<usize> {
         let candidates = &*choice.candidates;
         let least = balance::pick(candidates, rng)?;
@@ -33,15 +48,16 @@ impl Placement for PrefixAffinity {
             return Some(least);
         };
         let available = |i: &usize| candidates[*i].available();
+        let cost = |i: usize| uncached_cost(&candidates[i], affinity.blocks, affinity.matched[i]);
         let home = (0..candidates.len())
             .filter(available)
             .filter(|&i| affinity.matched[i] > 0)
-            .max_by(|&a, &b| {
-                let by_match = affinity.matched[a].cmp(&affinity.matched[b]);
-                let by_load = candidates[b]
+            .min_by(|&a, &b| {
+                let by_cost = cost(a).cmp(&cost(b));
+                let by_load = candidates[a]
                     .normalized_load()
-                    .total_cmp(&candidates[a].normalized_load());
-                by_match.then(by_load)
+                    .total_cmp(&candidates[b].normalized_load());
+                by_cost.then(by_load)
             });
         if let Some(home) = home {
             let (home_load, least_load) = (
@@ -50,9 +66,16 @@ impl Placement for PrefixAffinity {
             );
             let overloaded =
                 home_load > least_load + LOAD_SLACK && home_load > least_load * LOAD_FACTOR;
-            return Some(if overloaded { least } else { home });
+            if overloaded {
+                return Some(least);
+            }
+            if cost(home) <= cost(least) {
+                return Some(home);
+            }
+            // It holds so little of the prompt, or is so slow, that prefilling all of it on
+            // the least loaded costs less: as if nobody had it.
         }
-        // Nobody has it: the rendezvous winner among the least loaded.
+        // Nobody has it (worth having): the rendezvous winner among the least loaded.
         let lightest = candidates[least].normalized_load();
         (0..candidates.len())
             .filter(available)
@@ -101,6 +124,7 @@ mod tests {
             tokens: 0,
             mean_tokens: 0,
             affinity: Some(Affinity {
+                blocks: 10,
                 matched: matched.to_vec(),
                 rendezvous: rendezvous.to_vec(),
             }),
@@ -126,6 +150,53 @@ mod tests {
         assert_eq!(
             pick_among(vec![cand(1), cand(32)], &[0, 5], &[0, 0]),
             Some(0)
+        );
+    }
+
+    fn slow(load: u32, slowness_milli: u32) -> Candidate {
+        Candidate {
+            slowness_milli,
+            ..cand(load)
+        }
+    }
+
+    #[test]
+    fn a_half_speed_home_keeps_a_long_match_but_not_a_short_one() {
+        // Of 10 blocks, the half-speed backend 1 holds 8: 2 left at twice the time beats 10.
+        let half = 2 * REFERENCE_SPEED;
+        assert_eq!(
+            pick_among(vec![cand(0), slow(0, half)], &[0, 8], &[0, 0]),
+            Some(1)
+        );
+        // It holds 3: 7 blocks at twice the time cost more than all 10 on the fast one.
+        assert_eq!(
+            pick_among(vec![cand(0), slow(0, half)], &[0, 3], &[9, 0]),
+            Some(0)
+        );
+        // Two homes: the fast one with 6 of 10 (4 left) beats the slow one with 7 (3 left, 6
+        // at half speed).
+        assert_eq!(
+            pick_among(
+                vec![cand(0), slow(0, half), cand(0)],
+                &[6, 7, 0],
+                &[0, 0, 0]
+            ),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn an_unseen_prompt_avoids_a_slow_backend_as_loaded_as_the_others() {
+        // Idle fleet, the rendezvous winner at half speed: it counts as busier, so one of the
+        // fast ones gets the prompt.
+        let half = 2 * REFERENCE_SPEED;
+        assert_eq!(
+            pick_among(
+                vec![cand(0), slow(0, half), cand(0)],
+                &[0, 0, 0],
+                &[5, 50, 7]
+            ),
+            Some(2)
         );
     }
 
