@@ -124,7 +124,7 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-/// Most of a response's end kept to find its `usage` in.
+/// Most bytes of a response kept from its last `usage` key on, to read that object.
 pub const USAGE_TAIL: usize = 2048;
 
 /// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events

@@ -134,7 +134,7 @@ async fn respond(session: &mut Session, ctx: &mut RequestCtx, answer: Answer) ->
     if let Some(id) = &ctx.request_id {
         resp.insert_header(ctx.id_header(), id.value())?;
     }
-    super::keep_tail(ctx.tail.get_or_insert_with(Default::default), &answer.body);
+    ctx.tail.feed(&answer.body);
     ctx.first_body_byte = Some(std::time::Instant::now());
     session.write_response_header(Box::new(resp), false).await?;
     session

@@ -56,8 +56,8 @@ pub struct RequestCtx {
     pub(crate) model: Option<String>,
     /// Which backends its model allows, and its estimated size.
     pub(crate) demand: Demand,
-    /// The end of the response body, kept for a read body to find the backend's `usage` in.
-    pub(crate) tail: Option<Vec<u8>>,
+    /// The response body from its last `usage` key on, for a read body's reported tokens.
+    pub(crate) tail: super::usage_tail::UsageTail,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
     /// The current attempt's first-byte and idle deadlines, when they differ.

@@ -51,7 +51,7 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
     if let Some(class) = &ctx.class_metrics {
         class.request_finished(backend, status, duration, ttfb);
         if let Some(facts) = &ctx.facts {
-            let usage = ctx.tail.as_deref().and_then(request::usage_in);
+            let usage = request::usage_in(ctx.tail.bytes());
             class.body_finished(ctx.model.as_deref(), facts.prompt_tokens, usage);
         }
     }

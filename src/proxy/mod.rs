@@ -15,6 +15,7 @@ mod hygiene;
 mod intake;
 mod respond;
 mod tenant;
+mod usage_tail;
 mod watch;
 
 pub use ctx::RequestCtx;
@@ -62,20 +63,6 @@ impl Gpulb {
             batch_client,
         }
     }
-}
-
-/// Keeps the last [`request::USAGE_TAIL`] bytes of a response body in `tail`, in one buffer of
-/// exactly that size allocated once: a long stream's chunks shift through it instead of growing
-/// it (a `BytesMut` split and extended per chunk reached 6.4 KiB per stream).
-fn keep_tail(tail: &mut Vec<u8>, chunk: &[u8]) {
-    let limit = crate::request::USAGE_TAIL;
-    let chunk = &chunk[chunk.len().saturating_sub(limit)..];
-    let excess = (tail.len() + chunk.len()).saturating_sub(limit);
-    tail.drain(..excess.min(tail.len()));
-    if tail.capacity() < limit {
-        tail.reserve_exact(limit - tail.len());
-    }
-    tail.extend_from_slice(chunk);
 }
 
 /// For `GET /v1/models`, the models the fleet serves now, when any backend's list is known (else
@@ -414,7 +401,7 @@ impl ProxyHttp for Gpulb {
             watch.forwarded(non_empty);
         }
         if let (Some(_), Some(chunk)) = (&ctx.facts, body.as_ref()) {
-            keep_tail(ctx.tail.get_or_insert_with(Default::default), chunk);
+            ctx.tail.feed(chunk);
         }
         Ok(None)
     }
@@ -428,28 +415,5 @@ impl ProxyHttp for Gpulb {
         ctx.lease = None;
         ctx.class_slot = None;
         ctx.tenant_slot = None;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::keep_tail;
-    use crate::request::USAGE_TAIL;
-
-    #[test]
-    fn tail_keeps_the_last_bytes_in_one_buffer_of_fixed_size() {
-        let mut tail = Vec::new();
-        let mut all = Vec::new();
-        for i in 0..500u32 {
-            let chunk = format!("data: {{\"i\":{i}}}\n\n");
-            keep_tail(&mut tail, chunk.as_bytes());
-            all.extend_from_slice(chunk.as_bytes());
-            assert_eq!(tail, all[all.len().saturating_sub(USAGE_TAIL)..]);
-            assert_eq!(tail.capacity(), USAGE_TAIL);
-        }
-        let big: Vec<u8> = (0..USAGE_TAIL * 3).map(|i| (i % 251) as u8).collect();
-        keep_tail(&mut tail, &big);
-        assert_eq!(tail, big[big.len() - USAGE_TAIL..]);
-        assert_eq!(tail.capacity(), USAGE_TAIL);
     }
 }
