@@ -417,3 +417,21 @@ impl ProxyHttp for Gpulb {
         ctx.tenant_slot = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use pingora::connectors::http::Connector;
+    use pingora::upstreams::peer::HttpPeer;
+
+    /// The vendored pingora-core boxes the TLS handshake (vendor/README.md, fourth change):
+    /// without it the connect future is 8,840 bytes, and every request's future, held for a
+    /// whole response stream, reserves that much room for it.
+    #[test]
+    fn the_upstream_connect_future_does_not_carry_the_tls_handshake() {
+        let connector = Connector::new(None);
+        let peer = HttpPeer::new("127.0.0.1:1", false, String::new());
+        let connect = connector.get_http_session(&peer);
+        let size = std::mem::size_of_val(&connect);
+        assert!(size < 4096, "connect future is {size} bytes");
+    }
+}
