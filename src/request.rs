@@ -126,13 +126,17 @@ pub struct Usage {
 
 /// Most bytes of a response kept from its last `usage` key on, to read that object.
 pub const USAGE_TAIL: usize = 2048;
+/// The key of the token counts in an answer, quotes included: JSON escapes every quote inside
+/// a string, so these bytes can only be a key (or a value) of the answer's own structure.
+pub const USAGE_KEY: &[u8] = b"\"usage\"";
 
 /// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events
 /// of a stream that asked for `stream_options.include_usage`).
 pub fn usage_in(tail: &[u8]) -> Option<Usage> {
-    const KEY: &[u8] = b"\"usage\"";
-    let at = tail.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let rest = &tail[at + KEY.len()..];
+    let at = tail
+        .windows(USAGE_KEY.len())
+        .rposition(|w| w == USAGE_KEY)?;
+    let rest = &tail[at + USAGE_KEY.len()..];
     let colon = rest.iter().position(|&b| b == b':')?;
     let value = &rest[colon + 1..];
     serde_json::Deserializer::from_slice(value)

@@ -424,7 +424,7 @@ mod tests {
     use pingora::upstreams::peer::HttpPeer;
 
     /// The vendored pingora-core boxes the TLS handshake (vendor/README.md, fourth change):
-    /// without it the connect future is 8,840 bytes, and every request's future, held for a
+    /// without it the connect future is about 8.8 KiB, and every request's future, held for a
     /// whole response stream, reserves that much room for it.
     #[test]
     fn the_upstream_connect_future_does_not_carry_the_tls_handshake() {

@@ -2,13 +2,10 @@
 //! last `"usage"` key on, and before any key only the few bytes a key split between two
 //! chunks needs, so a long token stream that never reports usage holds almost nothing.
 
-use crate::request::USAGE_TAIL;
+use crate::request::{USAGE_KEY as KEY, USAGE_TAIL};
 use memchr::memmem::Finder;
 use std::sync::LazyLock;
 
-/// The key whose object gpulb reads; JSON escapes every quote inside a string, so these bytes
-/// can only be a key (or a value) of the answer's own structure.
-const KEY: &[u8] = b"\"usage\"";
 /// Bytes of a key that can end one chunk while the rest of it begins the next.
 const SEAM: usize = KEY.len() - 1;
 /// The key's searcher, built once (a forward search is vectorised; a reverse one is not).
