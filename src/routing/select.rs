@@ -21,10 +21,12 @@ impl Snapshot {
         &self,
         index: usize,
         guards: &Guards,
-        share: Option<f64>,
+        class: &Class,
+        claim: RoomClaim,
         now_ms: u64,
         now: Instant,
     ) -> Candidate {
+        let share = class.backend_share;
         let b = &self.backends[index];
         let settings = &self.config.telemetry;
         let outstanding = b.state.outstanding.get();
@@ -49,7 +51,7 @@ impl Snapshot {
             // Ours as of now, theirs as of the reading.
             Some(at_read) => (
                 outstanding.saturating_add(at_read.others),
-                cap_beside_others(cap, at_read),
+                cap_beside_others(cap, at_read, claim),
             ),
             None => {
                 let reported = server
@@ -85,10 +87,11 @@ impl Snapshot {
         let pool = self.pools.get(pool).ok_or(Miss::Full)?;
         let members = &pool.members;
         let (now_ms, now) = (now_ms(), Instant::now());
+        let claim = RoomClaim::of(class);
         let mut candidates: Vec<Candidate> = members
             .iter()
             .map(|&i| {
-                let mut c = self.candidate(i, guards, class.backend_share, now_ms, now);
+                let mut c = self.candidate(i, guards, class, claim, now_ms, now);
                 c.eligible &= !ask.excluded.contains(&i)
                     && self.backends[i].state.models.admits(&ask.demand.route);
                 c
@@ -240,7 +243,7 @@ impl Snapshot {
         pool.members.iter().any(|&i| {
             self.backends[i].state.models.admits(route)
                 && self
-                    .candidate(i, &c.guards, c.backend_share, now_ms, now)
+                    .candidate(i, &c.guards, c, RoomClaim::Split, now_ms, now)
                     .available()
         })
     }
@@ -349,6 +352,33 @@ enum Miss {
     Held,
 }
 
+/// How much of the room a backend had free at its last reading this proxy claims beside the
+/// other replicas there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RoomClaim {
+    /// Its part: the others keep their remembered share of it ([`cap_beside_others`]).
+    Split,
+    /// All of it: the class has requests queued here, so this proxy fills its own freed slots
+    /// at once and still has more to place, and the class keeps no room for other classes
+    /// (no `backend_share`). Room still free at a reading is room the replicas that hold the
+    /// backend did not refill, so leaving them part of it only idles it while requests wait
+    /// here; should two replicas both claim it before the next reading, the overshoot is what
+    /// they both took of that room, and it waits in the server's own queue for one step.
+    Whole,
+}
+
+impl RoomClaim {
+    /// The claim of a request of `class` now.
+    fn of(class: &Class) -> Self {
+        let keeps_room_for_others = class.backend_share.is_some_and(|s| s < 1.0);
+        if class.state.queues.depth() > 0 && !keeps_room_for_others {
+            RoomClaim::Whole
+        } else {
+            RoomClaim::Split
+        }
+    }
+}
+
 /// This proxy's cap on a backend whose cap (for the class) is `cap`, when its server was last
 /// read holding `at_read`: the others' requests take their slots, and the room that was free
 /// then is split by who has been sending there — the others see the same room, and until the
@@ -356,15 +386,20 @@ enum Miss {
 /// remembered share of the backend's load ([`OthersAtRead::others_share`]), at least half of
 /// it while others are there now, rounded down and never all of it: so a replica that saw
 /// nobody else at the last reading does not take the whole room when others sent there
-/// lately, and one free slot is always fillable. A slot this proxy releases meanwhile is its
-/// own to fill again.
-fn cap_beside_others(cap: u32, at_read: OthersAtRead) -> u32 {
+/// lately, and one free slot is always fillable. With [`RoomClaim::Whole`] the room is all
+/// this proxy's. A slot this proxy releases meanwhile is its own to fill again.
+fn cap_beside_others(cap: u32, at_read: OthersAtRead, claim: RoomClaim) -> u32 {
     let room = cap.saturating_sub(at_read.own.saturating_add(at_read.others));
-    let mut share = at_read.others_share.clamp(0.0, 1.0);
-    if at_read.others > 0 {
-        share = share.max(0.5);
-    }
-    let theirs_of_room = ((f64::from(room) * share) as u32).min(room.saturating_sub(1));
+    let theirs_of_room = match claim {
+        RoomClaim::Whole => 0,
+        RoomClaim::Split => {
+            let mut share = at_read.others_share.clamp(0.0, 1.0);
+            if at_read.others > 0 {
+                share = share.max(0.5);
+            }
+            ((f64::from(room) * share) as u32).min(room.saturating_sub(1))
+        }
+    };
     cap.saturating_sub(at_read.others.saturating_add(theirs_of_room))
 }
 

@@ -324,6 +324,42 @@ fn room_is_split_by_the_remembered_share_of_the_others() {
     assert_eq!(leases_until_refused(&snap, 0).len(), 1);
 }
 
+/// Holds one request of `class` in its queue (its own tries find no slot) until dropped.
+fn queued_request(
+    snap: &Snapshot,
+    class: usize,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
+    use futures_util::FutureExt;
+    let c = &snap.classes[class];
+    let queue = c.state.queues.get(&crate::routing::ModelRoute::Any);
+    let mut waiting = Box::pin(async move {
+        let _ = queue.admit("t", &c.policy, || None::<Grant>).await;
+    }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>;
+    assert!(tokio::task::unconstrained(waiting.as_mut())
+        .now_or_never()
+        .is_none());
+    assert_eq!(c.state.queues.depth(), 1, "one request waits");
+    waiting
+}
+
+#[tokio::test]
+async fn a_class_with_requests_queued_claims_all_the_room_others_left_unless_it_keeps_a_share() {
+    // Cap 4, nobody there at the last reading, but the others carried all of its load lately:
+    // with nothing queued this replica leaves them 3 of the 4 free slots.
+    let snap = shared_backend_with_share(true, 0.0, 0, 1.0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 1);
+    // With a chat request waiting here, the room the others did not refill is all its own.
+    let waiting = queued_request(&snap, 0);
+    assert_eq!(leases_until_refused(&snap, 0).len(), 4);
+    drop(waiting);
+    // Bulk keeps half of each backend for other classes: it still leaves the others their part
+    // of its room (its 2 slots: 1 for the others) with requests queued.
+    let snap = shared_backend_with_share(true, 0.0, 0, 1.0);
+    let waiting = queued_request(&snap, 1);
+    assert_eq!(leases_until_refused(&snap, 1).len(), 1);
+    drop(waiting);
+}
+
 #[test]
 fn file_names_resolve_once_per_apply_and_discovered_backends_keep_their_addresses() {
     let file = |port: u16| {
