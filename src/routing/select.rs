@@ -87,7 +87,8 @@ impl Snapshot {
         let pool = self.pools.get(pool).ok_or(Miss::Full)?;
         let members = &pool.members;
         let (now_ms, now) = (now_ms(), Instant::now());
-        let claim = RoomClaim::of(class);
+        let queued = class.state.queues.depth();
+        let claim = RoomClaim::of(class, queued);
         let mut candidates: Vec<Candidate> = members
             .iter()
             .map(|&i| {
@@ -117,11 +118,8 @@ impl Snapshot {
         // Each failed acquire (another request took the last slot) fills one candidate.
         for _ in 0..choice.candidates.len() {
             let chosen = placement.pick(&choice, &mut rng).ok_or(Miss::Full)?;
-            if ask.may_hold {
-                let queued = class.state.queues.depth().max(1);
-                if placement.may_hold(chosen, &choice, queued) {
-                    return Err(Miss::Held);
-                }
+            if ask.may_hold && placement.may_hold(chosen, &choice, queued.max(1)) {
+                return Err(Miss::Held);
             }
             let backend = &self.backends[members[chosen]];
             if let Some(slot) = backend
@@ -368,10 +366,10 @@ enum RoomClaim {
 }
 
 impl RoomClaim {
-    /// The claim of a request of `class` now.
-    fn of(class: &Class) -> Self {
+    /// The claim of a request of `class`, which has `queued` requests waiting now.
+    fn of(class: &Class, queued: usize) -> Self {
         let keeps_room_for_others = class.backend_share.is_some_and(|s| s < 1.0);
-        if class.state.queues.depth() > 0 && !keeps_room_for_others {
+        if queued > 0 && !keeps_room_for_others {
             RoomClaim::Whole
         } else {
             RoomClaim::Split
