@@ -130,12 +130,19 @@ pub const USAGE_TAIL: usize = 2048;
 /// a string, so these bytes can only be a key (or a value) of the answer's own structure.
 pub const USAGE_KEY: &[u8] = b"\"usage\"";
 
+/// [`USAGE_KEY`]'s searcher, built once (a forward search is vectorised; a reverse one is not).
+static USAGE_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(USAGE_KEY));
+
+/// Where the last [`USAGE_KEY`] in `bytes` begins.
+pub fn last_usage_key(bytes: &[u8]) -> Option<usize> {
+    USAGE_FINDER.find_iter(bytes).last()
+}
+
 /// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events
 /// of a stream that asked for `stream_options.include_usage`).
 pub fn usage_in(tail: &[u8]) -> Option<Usage> {
-    let at = tail
-        .windows(USAGE_KEY.len())
-        .rposition(|w| w == USAGE_KEY)?;
+    let at = last_usage_key(tail)?;
     let rest = &tail[at + USAGE_KEY.len()..];
     let colon = rest.iter().position(|&b| b == b':')?;
     let value = &rest[colon + 1..];

@@ -2,19 +2,10 @@
 //! last `"usage"` key on, and before any key only the few bytes a key split between two
 //! chunks needs, so a long token stream that never reports usage holds almost nothing.
 
-use crate::request::{USAGE_KEY as KEY, USAGE_TAIL};
-use memchr::memmem::Finder;
-use std::sync::LazyLock;
+use crate::request::{last_usage_key as last_key, USAGE_KEY as KEY, USAGE_TAIL};
 
 /// Bytes of a key that can end one chunk while the rest of it begins the next.
 const SEAM: usize = KEY.len() - 1;
-/// The key's searcher, built once (a forward search is vectorised; a reverse one is not).
-static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
-
-/// Where the last key in `bytes` begins.
-fn last_key(bytes: &[u8]) -> Option<usize> {
-    FINDER.find_iter(bytes).last()
-}
 
 /// The end of a response body from its last `"usage"` key on, at most [`USAGE_TAIL`] bytes of
 /// it; before any key, the last few bytes seen.

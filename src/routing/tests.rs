@@ -325,16 +325,14 @@ fn room_is_split_by_the_remembered_share_of_the_others() {
 }
 
 /// Holds one request of `class` in its queue (its own tries find no slot) until dropped.
-fn queued_request(
-    snap: &Snapshot,
-    class: usize,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
+fn queued_request(snap: &Snapshot, class: usize) -> futures_util::future::LocalBoxFuture<'_, ()> {
     use futures_util::FutureExt;
     let c = &snap.classes[class];
     let queue = c.state.queues.get(&crate::routing::ModelRoute::Any);
-    let mut waiting = Box::pin(async move {
+    let mut waiting = async move {
         let _ = queue.admit("t", &c.policy, || None::<Grant>).await;
-    }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>;
+    }
+    .boxed_local();
     assert!(tokio::task::unconstrained(waiting.as_mut())
         .now_or_never()
         .is_none());
