@@ -6,6 +6,7 @@ use gpulb::config::Config;
 use std::process::ExitCode;
 
 /// mimalloc: pingora allocates per request and per chunk; it is faster than glibc's malloc here.
+/// Built without transparent huge pages (`no_thp` in Cargo.toml): they cost RSS, not speed.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
