@@ -37,6 +37,14 @@ impl Req {
         }
     }
 
+    /// `HEAD path`.
+    pub fn head(path: impl Into<String>) -> Req {
+        Req {
+            method: Method::HEAD,
+            ..Req::get(path)
+        }
+    }
+
     /// `GET /sleep/{ms}`: the simulated worker answers after `ms` milliseconds.
     pub fn sleep(ms: u64) -> Req {
         Req::get(format!("/sleep/{ms}"))

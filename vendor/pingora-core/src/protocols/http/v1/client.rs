@@ -53,7 +53,10 @@ pub struct HttpSession {
     keepalive_timeout: KeepaliveStatus,
     pub(crate) digest: Box<Digest>,
     response_header: Option<Box<ResponseHeader>>,
-    request_written: Option<Box<RequestHeader>>,
+    /// What is still needed of a response header handed to the caller (gpulb's patch).
+    response_handed: Option<HandedResponse>,
+    /// What is still needed of the request header written (gpulb's patch).
+    request_written: Option<WrittenRequest>,
     bytes_sent: usize,
     /// Total response body payload bytes received from upstream
     body_recv: usize,
@@ -71,6 +74,79 @@ pub struct HttpSession {
     /// it leaves with the first piece of the body in one vectored write (gpulb's patch), so
     /// the server wakes and reads once instead of once for the header and again for the body.
     pending_header: Option<BytesMut>,
+}
+
+/// Headers a proxy adds to a response it forwards, reserved when the response header is parsed
+/// (gpulb's patch).
+const FORWARDED_RESPONSE_HEADER_ROOM: usize = 3;
+
+/// What the session still needs of the request header once it is written (gpulb's patch): the
+/// header itself is dropped then, instead of being held until the response ends.
+#[derive(Debug, Clone, Copy)]
+struct WrittenRequest {
+    head: bool,
+    upgrade: bool,
+    keepalive: Option<bool>,
+}
+
+impl WrittenRequest {
+    fn of(req: &RequestHeader) -> Self {
+        WrittenRequest {
+            head: req.method == http::method::Method::HEAD,
+            upgrade: is_upgrade_req(req),
+            keepalive: is_buf_keepalive(req.headers.get(header::CONNECTION)),
+        }
+    }
+}
+
+/// What the session still needs of a response header it handed to its caller (gpulb's patch):
+/// `read_resp_header_parts` moves the header out instead of copying it, so one copy of it is
+/// held for the response's life, not two.
+#[derive(Debug, Clone, Copy)]
+struct HandedResponse {
+    status: StatusCode,
+    version: Version,
+    transfer_encoding: bool,
+    connection_keepalive: Option<bool>,
+    keepalive_values: (Option<u64>, Option<usize>),
+}
+
+impl HandedResponse {
+    fn of(header: &ResponseHeader) -> Self {
+        HandedResponse {
+            status: header.status,
+            version: header.version,
+            transfer_encoding: header.headers.contains_key(header::TRANSFER_ENCODING),
+            connection_keepalive: is_buf_keepalive(header.headers.get(header::CONNECTION)),
+            keepalive_values: keepalive_values(header),
+        }
+    }
+}
+
+/// `Keep-Alive: timeout=5, max=1000` => 5, 1000 (pingora's parsing, moved out of the session by
+/// gpulb's patch so that it also serves [`HandedResponse`]).
+fn keepalive_values(header: &ResponseHeader) -> (Option<u64>, Option<usize>) {
+    let Some(keep_alive_header) = header.headers.get("Keep-Alive") else {
+        return (None, None);
+    };
+
+    let Ok(header_value) = str::from_utf8(keep_alive_header.as_bytes()) else {
+        return (None, None);
+    };
+
+    let mut timeout = None;
+    let mut max = None;
+
+    for param in header_value.split(',') {
+        let parts = param.split_once('=').map(|(k, v)| (k.trim(), v));
+        match parts {
+            Some(("timeout", timeout_value)) => timeout = timeout_value.trim().parse().ok(),
+            Some(("max", max_value)) => max = max_value.trim().parse().ok(),
+            _ => {}
+        }
+    }
+
+    (timeout, max)
 }
 
 /// HTTP 1.x client session
@@ -94,6 +170,7 @@ impl HttpSession {
             body_writer: BodyWriter::new(),
             keepalive_timeout: KeepaliveStatus::Off,
             response_header: None,
+            response_handed: None,
             request_written: None,
             read_timeout: None,
             write_timeout: None,
@@ -143,7 +220,7 @@ impl HttpSession {
         {
             let len = to_wire.len();
             self.pending_header = Some(to_wire);
-            self.request_written = Some(req);
+            self.request_written = Some(WrittenRequest::of(&req));
             return Ok(len);
         }
 
@@ -168,7 +245,7 @@ impl HttpSession {
             .or_err(WriteError, "flushing request header")?;
 
         // write was successful
-        self.request_written = Some(req);
+        self.request_written = Some(WrittenRequest::of(&req));
         Ok(to_wire.len())
     }
 
@@ -316,9 +393,13 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
+                        // gpulb's patch: room for the headers a proxy adds to the response
+                        // it forwards (this header, moved out by `read_resp_header_parts`):
+                        // a request id, `Date` and `Connection`, so adding them does not grow
+                        // and rehash both of its maps.
                         let mut response_header = match ResponseHeader::build(
                             resp.code.unwrap(),
-                            Some(resp.headers.len()),
+                            Some(resp.headers.len() + FORWARDED_RESPONSE_HEADER_ROOM),
                         ) {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
@@ -374,6 +455,7 @@ impl HttpSession {
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
                         self.response_header = Some(response_header);
+                        self.response_handed = None;
                         if let Err(e) = self.validate_response() {
                             return self.fail_response_header_read(e);
                         }
@@ -471,16 +553,32 @@ impl HttpSession {
         }
     }
 
-    /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
+    /// Similar to [`Self::read_response()`], read the response header and then return it.
+    ///
+    /// gpulb's patch: the header is moved out, not copied, and the session keeps only what it
+    /// still needs of it ([`HandedResponse`]): its status (see [`Self::get_status()`]), version
+    /// and connection facts. After this, [`Self::resp_header()`] and [`Self::get_header()`]
+    /// answer `None`.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
         // safe to unwrap because it is just read
-        Ok(Box::new(self.resp_header().unwrap().clone()))
+        let header = self.response_header.take().unwrap();
+        self.response_handed = Some(HandedResponse::of(&header));
+        Ok(header)
     }
 
-    /// Return a reference of the [`ResponseHeader`] if the response is read
+    /// Return a reference of the [`ResponseHeader`] if the response is read and not yet handed
+    /// out by [`Self::read_resp_header_parts()`]
     pub fn resp_header(&self) -> Option<&ResponseHeader> {
         self.response_header.as_deref()
+    }
+
+    fn resp_version(&self) -> Option<Version> {
+        match (&self.response_header, &self.response_handed) {
+            (Some(h), _) => Some(h.version),
+            (None, Some(handed)) => Some(handed.version),
+            (None, None) => None,
+        }
     }
 
     /// Get the header value for the given header name from the response header
@@ -500,7 +598,11 @@ impl HttpSession {
 
     /// Return the status code of the response if read
     pub fn get_status(&self) -> Option<StatusCode> {
-        self.response_header.as_ref().map(|h| h.status)
+        match (&self.response_header, &self.response_handed) {
+            (Some(h), _) => Some(h.status),
+            (None, Some(handed)) => Some(handed.status),
+            (None, None) => None,
+        }
     }
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
@@ -610,12 +712,12 @@ impl HttpSession {
 
         // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
         // if Transfer-Encoding is received in HTTP/1.0 response, connection MUST be closed after processing.
-        if self.resp_header().map(|h| h.version) == Some(Version::HTTP_10)
-            && self
-                .resp_header()
-                .and_then(|h| h.headers.get(header::TRANSFER_ENCODING))
-                .is_some()
-        {
+        let transfer_encoding = match (&self.response_header, &self.response_handed) {
+            (Some(h), _) => h.headers.contains_key(header::TRANSFER_ENCODING),
+            (None, Some(handed)) => handed.transfer_encoding,
+            (None, None) => false,
+        };
+        if self.resp_version() == Some(Version::HTTP_10) && transfer_encoding {
             self.set_keepalive(None);
             return;
         }
@@ -630,7 +732,7 @@ impl HttpSession {
             } else {
                 self.set_keepalive(None);
             }
-        } else if self.resp_header().map(|h| h.version) == Some(Version::HTTP_11) {
+        } else if self.resp_version() == Some(Version::HTTP_11) {
             self.set_keepalive(Some(0)); // on by default for http 1.1
         } else {
             self.set_keepalive(None); // off by default for http 1.0
@@ -643,15 +745,16 @@ impl HttpSession {
     }
 
     fn is_connection_keepalive(&self) -> Option<bool> {
-        let request_keepalive = self
-            .request_written
-            .as_ref()
-            .and_then(|req| is_buf_keepalive(req.headers.get(header::CONNECTION)));
+        let request_keepalive = self.request_written.and_then(|req| req.keepalive);
 
         match request_keepalive {
             // ignore what the server sends if request disables keepalive explicitly
             Some(false) => Some(false),
-            _ => is_buf_keepalive(self.get_header(header::CONNECTION)),
+            _ => match (&self.response_header, &self.response_handed) {
+                (Some(h), _) => is_buf_keepalive(h.headers.get(header::CONNECTION)),
+                (None, Some(handed)) => handed.connection_keepalive,
+                (None, None) => None,
+            },
         }
     }
 
@@ -660,27 +763,11 @@ impl HttpSession {
     /// it's behavior is different on different platforms.
     /// https://developer.mozilla.org/en-US/docs/Web/HTTP/Headers/Keep-Alive
     fn get_keepalive_values(&self) -> (Option<u64>, Option<usize>) {
-        let Some(keep_alive_header) = self.get_header("Keep-Alive") else {
-            return (None, None);
-        };
-
-        let Ok(header_value) = str::from_utf8(keep_alive_header.as_bytes()) else {
-            return (None, None);
-        };
-
-        let mut timeout = None;
-        let mut max = None;
-
-        for param in header_value.split(',') {
-            let parts = param.split_once('=').map(|(k, v)| (k.trim(), v));
-            match parts {
-                Some(("timeout", timeout_value)) => timeout = timeout_value.trim().parse().ok(),
-                Some(("max", max_value)) => max = max_value.trim().parse().ok(),
-                _ => {}
-            }
+        match (&self.response_header, &self.response_handed) {
+            (Some(h), _) => keepalive_values(h),
+            (None, Some(handed)) => handed.keepalive_values,
+            (None, None) => (None, None),
         }
-
-        (timeout, max)
     }
 
     /// Close the connection abruptly. This allows to signal the server that the connection is closed
@@ -734,11 +821,9 @@ impl HttpSession {
                 false
             };
 
-            if let Some(req) = self.request_written.as_ref() {
-                if req.method == http::method::Method::HEAD {
-                    self.body_reader.init_content_length(0, preread_body);
-                    return;
-                }
+            if self.request_written.is_some_and(|req| req.head) {
+                self.body_reader.init_content_length(0, preread_body);
+                return;
             }
 
             if upgraded {
@@ -758,10 +843,7 @@ impl HttpSession {
 
     /// Whether this request is for upgrade
     pub fn is_upgrade_req(&self) -> bool {
-        match self.request_written.as_deref() {
-            Some(req) => is_upgrade_req(req),
-            None => false,
-        }
+        self.request_written.is_some_and(|req| req.upgrade)
     }
 
     /// `Some(true)` if the this is a successful upgrade
