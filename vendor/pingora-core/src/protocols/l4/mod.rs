@@ -15,6 +15,7 @@
 //! Transport layer protocol implementation
 
 pub mod ext;
+mod lazy_buf_writer;
 pub mod listener;
 pub mod socket;
 pub mod stream;

@@ -31,7 +31,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 #[cfg(target_os = "linux")]
 use tokio::io::Interest;
-use tokio::io::{self, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadBuf};
+use tokio::io::{self, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
+
+use super::lazy_buf_writer::LazyBufWriter;
 use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
@@ -423,17 +425,17 @@ impl L4BufferSettings {
 ///
 /// A zero read capacity leaves the read buffer out, because [`BufReader`] panics on
 /// a zero capacity. Reads then go straight to the raw stream, as they did through
-/// an empty `BufReader`. [`BufWriter`] accepts a zero capacity and writes straight
-/// through.
+/// an empty `BufReader`. The write buffer ([`LazyBufWriter`], gpulb's patch: tokio's
+/// `BufWriter` before) accepts a zero capacity and writes straight through.
 #[derive(Debug)]
 enum BufferedStream {
-    UnbufferedRead(BufWriter<RawStreamWrapper>),
-    BufferedRead(BufReader<BufWriter<RawStreamWrapper>>),
+    UnbufferedRead(LazyBufWriter<RawStreamWrapper>),
+    BufferedRead(BufReader<LazyBufWriter<RawStreamWrapper>>),
 }
 
 impl BufferedStream {
     fn with_capacity(read: usize, write: usize, stream: RawStreamWrapper) -> Self {
-        let writer = BufWriter::with_capacity(write, stream);
+        let writer = LazyBufWriter::with_capacity(write, stream);
         if read == 0 {
             BufferedStream::UnbufferedRead(writer)
         } else {
@@ -441,14 +443,14 @@ impl BufferedStream {
         }
     }
 
-    fn writer(&self) -> &BufWriter<RawStreamWrapper> {
+    fn writer(&self) -> &LazyBufWriter<RawStreamWrapper> {
         match self {
             BufferedStream::UnbufferedRead(writer) => writer,
             BufferedStream::BufferedRead(reader) => reader.get_ref(),
         }
     }
 
-    fn writer_mut(&mut self) -> &mut BufWriter<RawStreamWrapper> {
+    fn writer_mut(&mut self) -> &mut LazyBufWriter<RawStreamWrapper> {
         match self {
             BufferedStream::UnbufferedRead(writer) => writer,
             BufferedStream::BufferedRead(reader) => reader.get_mut(),
