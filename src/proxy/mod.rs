@@ -81,13 +81,16 @@ fn models_asked(session: &Session, snapshot: &Snapshot) -> Option<Vec<ModelInfo>
 
 #[async_trait]
 impl ProxyHttp for Gpulb {
-    type CTX = RequestCtx;
+    /// Boxed: pingora-proxy keeps the context in the per-request future it boxes and holds
+    /// until the response ends; a pointer there instead of the ~600-byte context makes every
+    /// open stream's future smaller and the move into its box shorter.
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::default()
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.started = Some(Instant::now());
         crate::connections::mark_active(session);
         let snapshot = self.registry.load();
@@ -160,7 +163,7 @@ impl ProxyHttp for Gpulb {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
         let snapshot = ctx
             .snapshot
@@ -197,7 +200,7 @@ impl ProxyHttp for Gpulb {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let Some(lease) = ctx.lease.take() {
@@ -223,7 +226,7 @@ impl ProxyHttp for Gpulb {
         _peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
         _digest: Option<&pingora::protocols::Digest>,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         let timeouts = ctx.snapshot.as_ref().map(|s| &s.config.timeouts);
         ctx.upstream_watch = timeouts
@@ -236,7 +239,7 @@ impl ProxyHttp for Gpulb {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         if let (true, Some(body)) = (ctx.body_rewritten, &ctx.held_body) {
             if upstream_request
@@ -272,7 +275,7 @@ impl ProxyHttp for Gpulb {
         &self,
         _session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.first_byte = Some(Instant::now());
         for name in headers::hop_by_hop(&upstream_response.headers) {
@@ -300,7 +303,7 @@ impl ProxyHttp for Gpulb {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> FailToProxy {
         let expired = ctx.upstream_watch.as_ref().and_then(|w| w.expired());
         let failure = match expired {
@@ -364,7 +367,7 @@ impl ProxyHttp for Gpulb {
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
         _end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         body::replay(ctx.held_body.as_ref(), body);
         if let Some(watch) = &ctx.upstream_watch {
@@ -378,7 +381,7 @@ impl ProxyHttp for Gpulb {
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<Option<std::time::Duration>> {
         if let Some(watch) = &ctx.upstream_watch {
             watch.received(body.as_ref().is_some_and(|b| !b.is_empty()), end_of_stream);
@@ -391,7 +394,7 @@ impl ProxyHttp for Gpulb {
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
         _end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Self::CTX,
     ) -> Result<Option<std::time::Duration>> {
         let non_empty = body.as_ref().is_some_and(|b| !b.is_empty());
         if ctx.first_body_byte.is_none() && non_empty {
@@ -406,7 +409,7 @@ impl ProxyHttp for Gpulb {
         Ok(None)
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
         finish::record(session, e, ctx, self.access_log);
         crate::connections::mark_idle(session);
         // Release now rather than when pingora drops the context; `Drop` covers the paths
