@@ -58,6 +58,36 @@ async fn sse_events_arrive_as_the_backend_emits_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_hop_by_hop_request_fields_are_not_forwarded() {
+    let (_workers, proxy) = start_fleet(1).await;
+    const HOP_BY_HOP: [(&str, &str); 7] = [
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("proxy-authenticate", "Basic"),
+        ("proxy-authorization", "Basic Zm9vOmJhcg=="),
+        ("te", "trailers"),
+        ("trailer", "x-checksum"),
+        ("http2-settings", "AAMAAABkAAQAAP__"),
+    ];
+    let mut req = Req::get("/echo/hops").header("x-custom", "kept");
+    for (name, value) in HOP_BY_HOP {
+        req = req.header(name, value);
+    }
+    let resp = proxy.send(&req).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let seen = resp.json();
+    let headers = &seen["headers"];
+    assert_eq!(headers["x-custom"], "kept", "{headers}");
+    for (name, _) in HOP_BY_HOP {
+        assert!(
+            headers.get(name).is_none(),
+            "{name} was forwarded: {headers}"
+        );
+    }
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_forwarded_transparently() {
     let (_workers, proxy) = start_fleet(1).await;
 
