@@ -459,9 +459,12 @@ where
                         (server_reused, error)
                     }
                     ClientSession::Custom(mut c) => {
-                        let (server_reused, error) = self
-                            .proxy_to_custom_upstream(session, &mut c, client_reused, &peer, ctx)
-                            .await;
+                        // gpulb's patch: boxed, so that the custom-protocol exchange (the
+                        // largest of the three) does not size every request's future.
+                        let (server_reused, error) = Box::pin(
+                            self.proxy_to_custom_upstream(session, &mut c, client_reused, &peer, ctx),
+                        )
+                        .await;
                         let session = ClientSession::Custom(c);
                         self.client_upstream
                             .release_http_session(session, &*peer, peer.idle_timeout())
@@ -1558,42 +1561,53 @@ where
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
-        self: &Arc<Self>,
+    // gpulb's patch: written out instead of an `async fn` under `async_trait`, so that the
+    // session (688 bytes) is boxed before the request's future is made. `async_trait` kept it
+    // in that future twice, as the captured argument and as its rebinding, and the future is
+    // boxed and held until the response ends.
+    fn process_new_http<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
         mut session: HttpSession,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
+        shutdown: &'life1 ShutdownWatch,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
         // Extract user context from the previous request before the session is moved into the Box
         let prev_user_ctx = session.take_connection_user_context();
 
         let session = Box::new(session);
 
-        // TODO: keepalive pool, use stack
-        let mut session = match self.handle_new_request(session).await {
-            Some(downstream_session) => Session::new(
-                downstream_session,
-                &self.downstream_modules,
-                #[cfg(feature = "upstream_modules")]
-                &self.upstream_modules,
-                self.shutdown_flag.clone(),
-            ),
-            None => return None, // bad request
-        };
+        Box::pin(async move {
+            // TODO: keepalive pool, use stack
+            let mut session = match self.handle_new_request(session).await {
+                Some(downstream_session) => Session::new(
+                    downstream_session,
+                    &self.downstream_modules,
+                    #[cfg(feature = "upstream_modules")]
+                    &self.upstream_modules,
+                    self.shutdown_flag.clone(),
+                ),
+                None => return None, // bad request
+            };
 
-        if *shutdown.borrow() {
-            // stop downstream from reusing if this service is shutting down soon
-            session.set_keepalive(None);
-        }
+            if *shutdown.borrow() {
+                // stop downstream from reusing if this service is shutting down soon
+                session.set_keepalive(None);
+            }
 
-        let mut ctx = self.inner.new_ctx();
+            let mut ctx = self.inner.new_ctx();
 
-        // Deliver user context from the previous request on this reused connection
-        if let Some(prev_ctx) = prev_user_ctx {
-            self.inner
-                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
-        }
+            // Deliver user context from the previous request on this reused connection
+            if let Some(prev_ctx) = prev_user_ctx {
+                self.inner
+                    .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
+            }
 
-        self.process_request(session, ctx).await
+            self.process_request(session, ctx).await
+        })
     }
 
     async fn http_cleanup(&self) {
