@@ -53,8 +53,9 @@ pub struct HttpSession {
     keepalive_timeout: KeepaliveStatus,
     pub(crate) digest: Box<Digest>,
     response_header: Option<Box<ResponseHeader>>,
-    /// What is still needed of a response header handed to the caller (gpulb's patch).
-    response_handed: Option<HandedResponse>,
+    /// What the session decides from the response header read, kept after the header itself
+    /// is handed to the caller (gpulb's patch).
+    response_facts: Option<ResponseFacts>,
     /// What is still needed of the request header written (gpulb's patch).
     request_written: Option<WrittenRequest>,
     bytes_sent: usize,
@@ -99,11 +100,11 @@ impl WrittenRequest {
     }
 }
 
-/// What the session still needs of a response header it handed to its caller (gpulb's patch):
-/// `read_resp_header_parts` moves the header out instead of copying it, so one copy of it is
-/// held for the response's life, not two.
+/// What the session decides from a response header (gpulb's patch), taken when the header is
+/// read: `read_resp_header_parts` moves the header out instead of copying it, so one copy of it
+/// is held for the response's life, not two, and these facts answer after it is gone.
 #[derive(Debug, Clone, Copy)]
-struct HandedResponse {
+struct ResponseFacts {
     status: StatusCode,
     version: Version,
     transfer_encoding: bool,
@@ -111,9 +112,9 @@ struct HandedResponse {
     keepalive_values: (Option<u64>, Option<usize>),
 }
 
-impl HandedResponse {
+impl ResponseFacts {
     fn of(header: &ResponseHeader) -> Self {
-        HandedResponse {
+        ResponseFacts {
             status: header.status,
             version: header.version,
             transfer_encoding: header.headers.contains_key(header::TRANSFER_ENCODING),
@@ -124,7 +125,7 @@ impl HandedResponse {
 }
 
 /// `Keep-Alive: timeout=5, max=1000` => 5, 1000 (pingora's parsing, moved out of the session by
-/// gpulb's patch so that it also serves [`HandedResponse`]).
+/// gpulb's patch so that it also serves [`ResponseFacts`]).
 fn keepalive_values(header: &ResponseHeader) -> (Option<u64>, Option<usize>) {
     let Some(keep_alive_header) = header.headers.get("Keep-Alive") else {
         return (None, None);
@@ -170,7 +171,7 @@ impl HttpSession {
             body_writer: BodyWriter::new(),
             keepalive_timeout: KeepaliveStatus::Off,
             response_header: None,
-            response_handed: None,
+            response_facts: None,
             request_written: None,
             read_timeout: None,
             write_timeout: None,
@@ -454,8 +455,8 @@ impl HttpSession {
                         self.raw_header = Some(BufRef(0, s));
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
+                        self.response_facts = Some(ResponseFacts::of(&response_header));
                         self.response_header = Some(response_header);
-                        self.response_handed = None;
                         if let Err(e) = self.validate_response() {
                             return self.fail_response_header_read(e);
                         }
@@ -555,16 +556,14 @@ impl HttpSession {
 
     /// Similar to [`Self::read_response()`], read the response header and then return it.
     ///
-    /// gpulb's patch: the header is moved out, not copied, and the session keeps only what it
-    /// still needs of it ([`HandedResponse`]): its status (see [`Self::get_status()`]), version
-    /// and connection facts. After this, [`Self::resp_header()`] and [`Self::get_header()`]
-    /// answer `None`.
+    /// gpulb's patch: the header is moved out, not copied; the session keeps deciding from what
+    /// it took of it when reading ([`ResponseFacts`]): its status (see [`Self::get_status()`]),
+    /// version and connection facts. After this, [`Self::resp_header()`] and
+    /// [`Self::get_header()`] answer `None`.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
         // safe to unwrap because it is just read
-        let header = self.response_header.take().unwrap();
-        self.response_handed = Some(HandedResponse::of(&header));
-        Ok(header)
+        Ok(self.response_header.take().unwrap())
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read and not yet handed
@@ -574,11 +573,7 @@ impl HttpSession {
     }
 
     fn resp_version(&self) -> Option<Version> {
-        match (&self.response_header, &self.response_handed) {
-            (Some(h), _) => Some(h.version),
-            (None, Some(handed)) => Some(handed.version),
-            (None, None) => None,
-        }
+        self.response_facts.map(|r| r.version)
     }
 
     /// Get the header value for the given header name from the response header
@@ -598,11 +593,7 @@ impl HttpSession {
 
     /// Return the status code of the response if read
     pub fn get_status(&self) -> Option<StatusCode> {
-        match (&self.response_header, &self.response_handed) {
-            (Some(h), _) => Some(h.status),
-            (None, Some(handed)) => Some(handed.status),
-            (None, None) => None,
-        }
+        self.response_facts.map(|r| r.status)
     }
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
@@ -712,12 +703,9 @@ impl HttpSession {
 
         // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
         // if Transfer-Encoding is received in HTTP/1.0 response, connection MUST be closed after processing.
-        let transfer_encoding = match (&self.response_header, &self.response_handed) {
-            (Some(h), _) => h.headers.contains_key(header::TRANSFER_ENCODING),
-            (None, Some(handed)) => handed.transfer_encoding,
-            (None, None) => false,
-        };
-        if self.resp_version() == Some(Version::HTTP_10) && transfer_encoding {
+        if self.resp_version() == Some(Version::HTTP_10)
+            && self.response_facts.is_some_and(|r| r.transfer_encoding)
+        {
             self.set_keepalive(None);
             return;
         }
@@ -750,11 +738,7 @@ impl HttpSession {
         match request_keepalive {
             // ignore what the server sends if request disables keepalive explicitly
             Some(false) => Some(false),
-            _ => match (&self.response_header, &self.response_handed) {
-                (Some(h), _) => is_buf_keepalive(h.headers.get(header::CONNECTION)),
-                (None, Some(handed)) => handed.connection_keepalive,
-                (None, None) => None,
-            },
+            _ => self.response_facts.and_then(|r| r.connection_keepalive),
         }
     }
 
@@ -763,11 +747,8 @@ impl HttpSession {
     /// it's behavior is different on different platforms.
     /// https://developer.mozilla.org/en-US/docs/Web/HTTP/Headers/Keep-Alive
     fn get_keepalive_values(&self) -> (Option<u64>, Option<usize>) {
-        match (&self.response_header, &self.response_handed) {
-            (Some(h), _) => keepalive_values(h),
-            (None, Some(handed)) => handed.keepalive_values,
-            (None, None) => (None, None),
-        }
+        self.response_facts
+            .map_or((None, None), |r| r.keepalive_values)
     }
 
     /// Close the connection abruptly. This allows to signal the server that the connection is closed
