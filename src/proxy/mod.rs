@@ -249,9 +249,9 @@ impl ProxyHttp for Gpulb {
                 upstream_request.insert_header(http::header::CONTENT_LENGTH, body.len())?;
             }
         }
-        for name in headers::hop_by_hop(&upstream_request.headers) {
-            upstream_request.remove_header(&name);
-        }
+        // Hop-by-hop fields, and those the client's `Connection` header names, are gone
+        // already: pingora strips them before this hook (its standard upstream request policy,
+        // vendor/README.md, pingora-proxy's second change).
         // The id goes on as the header's one value: gpulb's own, or the client's unless its
         // `Connection` header listed it (then it is put back).
         if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
