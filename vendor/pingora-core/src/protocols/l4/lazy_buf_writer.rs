@@ -115,7 +115,10 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for LazyBufWriter<W> {
             if this.inner.is_write_vectored() {
                 return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
             }
-            let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &**b);
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
             return Pin::new(&mut this.inner).poll_write(cx, first);
         }
         for b in bufs {
@@ -146,5 +149,55 @@ impl<W: AsyncRead + Unpin> AsyncRead for LazyBufWriter<W> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn small_writes_wait_in_a_buffer_that_is_freed_once_flushed() {
+        let mut writer = LazyBufWriter::with_capacity(16, Vec::new());
+        assert_eq!(writer.buf.capacity(), 0, "nothing allocated before a write");
+        writer.write_all(b"head ").await.unwrap();
+        writer.write_all(b"body").await.unwrap();
+        assert!(
+            writer.get_ref().is_empty(),
+            "small writes wait for the flush"
+        );
+        assert!(writer.buf.capacity() >= 16);
+        writer.flush().await.unwrap();
+        assert_eq!(writer.get_ref().as_slice(), b"head body");
+        assert_eq!(
+            writer.buf.capacity(),
+            0,
+            "the buffer is given back once flushed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_would_overflow_flushes_first_and_a_large_one_goes_straight_through() {
+        let mut writer = LazyBufWriter::with_capacity(8, Vec::new());
+        writer.write_all(b"abc").await.unwrap();
+        writer.write_all(b"0123456789").await.unwrap();
+        assert_eq!(writer.get_ref().as_slice(), b"abc0123456789", "in order");
+        assert_eq!(writer.buf.capacity(), 0, "nothing buffered, nothing held");
+        let written = writer
+            .write_vectored(&[IoSlice::new(b"x"), IoSlice::new(b"y")])
+            .await
+            .unwrap();
+        assert_eq!(written, 2, "small vectored writes are buffered whole");
+        writer.shutdown().await.unwrap();
+        assert_eq!(writer.get_ref().as_slice(), b"abc0123456789xy");
+    }
+
+    #[tokio::test]
+    async fn a_zero_capacity_writes_straight_through() {
+        let mut writer = LazyBufWriter::with_capacity(0, Vec::new());
+        writer.write_all(b"a").await.unwrap();
+        assert_eq!(writer.get_ref().as_slice(), b"a");
+        assert_eq!(writer.buf.capacity(), 0);
     }
 }
