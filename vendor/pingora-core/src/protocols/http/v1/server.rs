@@ -73,6 +73,10 @@ impl ProxyTaskState {
     }
 }
 
+/// Headers a proxy adds to a request it forwards, reserved when the request header is parsed
+/// (gpulb's patch).
+const FORWARDED_REQUEST_HEADER_ROOM: usize = 3;
+
 /// The HTTP 1.x server session
 pub struct HttpSession {
     underlying_stream: Stream,
@@ -349,11 +353,15 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
 
+                        // gpulb's patch: room for the headers a proxy adds to the request it
+                        // forwards (a clone of this one keeps the room): `X-Forwarded-For`,
+                        // `X-Forwarded-Proto` and a request id, so adding them does not grow and
+                        // rehash both of its maps.
                         let mut request_header = Box::new(RequestHeader::build(
                             req.method.unwrap_or(""),
                             // we path httparse to allow unsafe bytes in the str
                             req.path.unwrap_or("").as_bytes(),
-                            Some(req.headers.len()),
+                            Some(req.headers.len() + FORWARDED_REQUEST_HEADER_ROOM),
                         )?);
 
                         request_header.set_version(match req.version {
