@@ -268,6 +268,10 @@ async fn malformed_requests_get_400() {
         format!("POST /v1/completions HTTP/1.1\r\nhost: gpulb\r\ncontent-type: application/json\r\n{bad_chunk}"),
         format!("POST /echo HTTP/1.1\r\nhost: gpulb\r\n{bad_chunk}"),
         "GET /echo HTTP/1.1\r\n\r\n".to_string(),
+        // Content-Length framing that cannot be resolved to one length (RFC 9110 8.6).
+        "POST /echo HTTP/1.1\r\nhost: gpulb\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!".to_string(),
+        "POST /echo HTTP/1.1\r\nhost: gpulb\r\ncontent-length: 5, 6\r\n\r\nhello!".to_string(),
+        "POST /echo HTTP/1.1\r\nhost: gpulb\r\ncontent-length: +5\r\n\r\nhello".to_string(),
     ];
     for request in cases {
         let mut raw = Raw::connect(&proxy.url).await;
@@ -275,7 +279,21 @@ async fn malformed_requests_get_400() {
         let answer = raw.answer().await;
         assert_eq!(answer.status, 400, "{request:?} got {}", answer.text);
         assert_eq!(json_body(&answer)["error"]["code"], "bad_request");
+        if request.contains("content-length") {
+            let message = json_body(&answer)["error"]["message"].to_string();
+            assert!(message.contains("Content-Length"), "{message}");
+        }
     }
+    // Identical values on repeated lines are one length, and the body is forwarded.
+    let mut raw = Raw::connect(&proxy.url).await;
+    let twice = "content-length: 5\r\ncontent-length: 5";
+    raw.send(&format!(
+        "POST /echo HTTP/1.1\r\nhost: gpulb\r\n{twice}\r\n\r\nhello"
+    ))
+    .await;
+    let answer = raw.answer().await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert_eq!(json_body(&answer)["body"], "hello", "{}", answer.text);
     proxy.wait_idle().await;
 }
 

@@ -86,6 +86,7 @@ const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
+mod malformed;
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
@@ -353,8 +354,10 @@ where
                         "Fail to proxy: {e}, downstream session type: {}",
                         downstream_session.session_type()
                     );
+                    // gpulb's patch: the 400 names the problem (`malformed.rs`).
+                    let (header, body) = malformed::bad_request(&e);
                     downstream_session
-                        .respond_error(400)
+                        .write_error_response(header, body)
                         .await
                         .unwrap_or_else(|e| {
                             error!("failed to send error response to downstream: {e}");
