@@ -334,8 +334,17 @@ pub(crate) fn content_length_parse_all(headers: &HMap) -> Option<u64> {
     // If multiple Content-Length headers were sent, everything can still be
     // alright if they all contain the same value, and all parse correctly. If
     // not, then it's an error.
+    let values = headers.get_all(header::CONTENT_LENGTH);
+    // gpulb's patch: the usual message, one field of digits only, is read as it is; anything
+    // else (several fields, a list, spaces, a bad value) takes the full reconciliation below.
+    let mut fields = values.iter();
+    if let (Some(only), None) = (fields.next(), fields.next()) {
+        if let Some(n) = from_digits(only.as_bytes()) {
+            return Some(n);
+        }
+    }
     let mut content_length: Option<u64> = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
+    for value in values {
         // A non-visible-ASCII value can't be a valid Content-Length, so the
         // framing is ambiguous.
         let line = value.to_str().ok()?;
