@@ -11,7 +11,8 @@
 //! - A waiter that vanishes is taken out by its guard; if it was already chosen, the lease goes
 //!   back to the dispatcher (send fails) or on to the next waiter (guard drains its channel).
 //! - No lost wake-up: a request that fails its first try joins the queue and then dispatches
-//!   once itself; a releaser dispatches after its release. Whichever comes second sees the other.
+//!   once itself; a releaser wakes the dispatcher after its release while any request waits
+//!   (`WaitTally` counts them; a fence on each side). Whichever comes second sees the other.
 
 mod drain;
 #[cfg(test)]
@@ -19,11 +20,13 @@ mod fair_tests;
 mod policy;
 mod shared;
 mod state;
+mod tally;
 #[cfg(test)]
 mod tests;
 
 pub use policy::{Fairness, QueuePolicy, Shed, ShedReason};
 pub use shared::TenantSlot;
+pub use tally::WaitTally;
 
 use shared::{Shared, WaitGuard, RECHECK};
 use state::{Joined, Ticket};
@@ -58,7 +61,14 @@ impl<L: Send + 'static> ClassQueue<L> {
     /// An empty queue.
     pub fn new() -> Self {
         ClassQueue {
-            shared: Arc::new(Shared::new()),
+            shared: Arc::new(Shared::new(None)),
+        }
+    }
+
+    /// An empty queue whose waiting requests are also counted in `tally`.
+    pub fn tallied(tally: Arc<WaitTally>) -> Self {
+        ClassQueue {
+            shared: Arc::new(Shared::new(Some(tally))),
         }
     }
 

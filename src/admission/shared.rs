@@ -6,6 +6,7 @@
 
 use super::policy::{QueuePolicy, Shed, ShedReason};
 use super::state::{Answer, State, Waiter};
+use super::tally::WaitTally;
 use std::fmt;
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,6 +29,8 @@ pub(super) struct Shared<L> {
     epoch: Instant,
     /// When a dispatch last tried for capacity (ms since `epoch`).
     last_try_ms: AtomicU64,
+    /// Told of every change of the depth, when the queue is a class's.
+    tally: Option<Arc<WaitTally>>,
 }
 
 impl<L> Shared<L> {
@@ -43,8 +46,8 @@ impl<L> Shared<L> {
 }
 
 impl<L: Send + 'static> Shared<L> {
-    /// An empty queue.
-    pub(super) fn new() -> Self {
+    /// An empty queue, reporting its depth to `tally` if given.
+    pub(super) fn new(tally: Option<Arc<WaitTally>>) -> Self {
         let now = Instant::now();
         Shared {
             state: Mutex::new(State::new(now)),
@@ -52,15 +55,21 @@ impl<L: Send + 'static> Shared<L> {
             granted: AtomicU64::new(0),
             epoch: now,
             last_try_ms: AtomicU64::new(0),
+            tally,
         }
     }
 
-    /// Runs `f` under the lock and refreshes the depth mirror. `f` must not drop leases or slots.
+    /// Runs `f` under the lock and refreshes the depth mirror (and the tally, under the same
+    /// lock, so its changes from this queue are in order). `f` must not drop leases or slots.
     pub(super) fn with_state<R>(&self, f: impl FnOnce(&mut State<L>) -> R) -> R {
         // The state stays consistent if a panic unwound through a previous holder.
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let out = f(&mut state);
-        self.depth.store(state.depth(), Ordering::SeqCst);
+        let depth = state.depth();
+        let before = self.depth.swap(depth, Ordering::SeqCst);
+        if let Some(tally) = &self.tally {
+            tally.moved(before, depth);
+        }
         out
     }
 
@@ -136,6 +145,16 @@ impl<L: Send + 'static> Shared<L> {
 
     fn millis(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<L> Drop for Shared<L> {
+    /// A queue dropped with requests still counted (their waiters hold it, so none are left in
+    /// practice) takes them out of the tally.
+    fn drop(&mut self) {
+        if let Some(tally) = &self.tally {
+            tally.moved(*self.depth.get_mut(), 0);
+        }
     }
 }
 

@@ -296,3 +296,38 @@ fn admit_futures_are_send() {
     fn is_sync<T: Send + Sync>(_: &T) {}
     is_sync(&q);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tallied_queue_counts_its_waiters_in_the_class_and_anywhere() {
+    let pool = Pool::new(0);
+    let anywhere = Arc::new(AtomicUsize::new(0));
+    let tally = Arc::new(WaitTally::new(Arc::clone(&anywhere)));
+    let (first, second) = (
+        ClassQueue::tallied(Arc::clone(&tally)),
+        ClassQueue::tallied(Arc::clone(&tally)),
+    );
+    let p = policy(Fairness::BestEffort, 10);
+    let mut a = waiting(&first, "t", &p, &pool);
+    let mut b = waiting(&second, "t", &p, &pool);
+    let c = waiting(&second, "t", &p, &pool);
+    assert_eq!(
+        (tally.class_depth(), anywhere.load(Ordering::SeqCst)),
+        (3, 3)
+    );
+    pool.add(1);
+    second.dispatch(&p, pool.acquirer());
+    let served = poll(&mut b).expect("served").expect("admitted");
+    assert_eq!(
+        (tally.class_depth(), anywhere.load(Ordering::SeqCst)),
+        (2, 2)
+    );
+    drop(c); // the client left
+    assert_eq!(tally.class_depth(), 1);
+    drop(served);
+    first.dispatch(&p, pool.acquirer());
+    assert!(poll(&mut a).expect("served").is_ok());
+    assert_eq!(
+        (tally.class_depth(), anywhere.load(Ordering::SeqCst)),
+        (0, 0)
+    );
+}

@@ -8,10 +8,10 @@ use super::{
 use crate::admission::QueuePolicy;
 use crate::config::{BackendConfig, Config, ResolveError, Upstream};
 use crate::health::CheckStatus;
+use crate::routing::state::CapacitySignal;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::sync::Notify;
 
 /// Block entries the prefix index holds at most: about 15 MiB, and a quarter of a million
 /// 16-token blocks (4 million tokens of distinct prompt prefixes) remembered.
@@ -174,7 +174,7 @@ fn build_backend(
     b: &BackendConfig,
     (upstream, resolved): (&Upstream, Result<SocketAddr, ResolveError>),
     old: Option<&Backend>,
-    capacity: &Arc<Notify>,
+    capacity: &Arc<CapacitySignal>,
 ) -> Backend {
     let state = old
         .map(|o| Arc::clone(&o.state))

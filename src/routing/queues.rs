@@ -3,24 +3,38 @@
 
 use super::models::ModelRoute;
 use super::state::Grant;
-use crate::admission::ClassQueue;
+use crate::admission::{ClassQueue, WaitTally};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 
 /// The queues of one class, by model route; kept across reloads with the class.
 #[derive(Default)]
 pub struct ClassQueues {
     by_route: RwLock<HashMap<ModelRoute, Arc<ClassQueue<Grant>>>>,
+    /// What waits in all of them, also added to the process-wide count it was made with.
+    tally: Arc<WaitTally>,
 }
 
 impl ClassQueues {
+    /// No queues yet; what waits in them will also be counted in `anywhere`.
+    pub fn new(anywhere: Arc<AtomicUsize>) -> Self {
+        ClassQueues {
+            by_route: RwLock::default(),
+            tally: Arc::new(WaitTally::new(anywhere)),
+        }
+    }
+
     /// The queue of `route`, made on first use. Routes are bounded by the models served.
     pub fn get(&self, route: &ModelRoute) -> Arc<ClassQueue<Grant>> {
         if let Some(q) = self.read().get(route) {
             return Arc::clone(q);
         }
         let mut map = self.by_route.write().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(map.entry(route.clone()).or_default())
+        let queue = map
+            .entry(route.clone())
+            .or_insert_with(|| Arc::new(ClassQueue::tallied(Arc::clone(&self.tally))));
+        Arc::clone(queue)
     }
 
     /// Every queue with someone waiting, with its route.
@@ -32,9 +46,9 @@ impl ClassQueues {
             .collect()
     }
 
-    /// Requests waiting now, over every route.
+    /// Requests waiting now, over every route (no lock taken).
     pub fn depth(&self) -> usize {
-        self.read().values().map(|q| q.depth()).sum()
+        self.tally.class_depth()
     }
 
     /// Requests waiting now, per tenant with any, over every route.

@@ -12,12 +12,12 @@ use crate::admission::QueuePolicy;
 use crate::config::{Config, Guards, HealthCheck, ResolveError, SourceConfig, Upstream};
 use crate::discovery::{Discovered, DnsError, GroupStatus};
 use crate::request::BodyError;
+use crate::routing::state::CapacitySignal;
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tokio::sync::Notify;
 
 /// A backend as this snapshot configures it, with its live state.
 #[derive(Debug)]
@@ -91,7 +91,7 @@ pub struct Snapshot {
     /// Index of the class for requests no rule matches.
     pub default_class: usize,
     /// Signalled whenever a backend or class slot is released; shared by all snapshots.
-    pub capacity: Arc<Notify>,
+    pub capacity: Arc<CapacitySignal>,
     /// Where prompt prefixes were sent; shared by all snapshots.
     pub prefixes: Arc<PrefixIndex>,
 }
@@ -245,7 +245,7 @@ impl Registry {
         self.current.store(Arc::new(next));
         self.generations.send_replace(generation);
         // The new config may bring capacity (more backends, higher caps): let queues know.
-        self.load().capacity.notify_one();
+        self.load().capacity.notify.notify_one();
         generation
     }
 }

@@ -9,24 +9,47 @@ use crate::routing::service_time::ServiceTimes;
 use crate::telemetry::Telemetry;
 use arc_swap::ArcSwap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::Notify;
 
+/// Wakes the admission dispatcher: when a slot is released while requests wait in some queue,
+/// and whenever capacity may have appeared otherwise. Kept across reloads.
+#[derive(Debug, Default)]
+pub struct CapacitySignal {
+    /// What the dispatcher waits on.
+    pub notify: Notify,
+    /// Requests waiting in any class queue now (every class's `WaitTally` adds to it).
+    pub waiting: Arc<AtomicUsize>,
+}
+
+impl CapacitySignal {
+    /// Wakes the dispatcher after a release, if anyone waits for capacity.
+    fn released(&self) {
+        // Pairs with the fence in a queue's dispatch after a request joined it: either that
+        // dispatch sees this release, or this release sees the request waiting.
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.notify.notify_one();
+        }
+    }
+}
+
 /// An in-flight counter with an optional cap; each unit is held by a [`Slot`].
 ///
-/// Releasing a unit signals `released`, which wakes the admission dispatcher: queued requests
-/// are woken by releases, not by polling.
+/// Releasing a unit while requests wait signals `released`, which wakes the admission
+/// dispatcher: queued requests are woken by releases, not by polling; with nobody waiting a
+/// release wakes nothing.
 #[derive(Debug, Default)]
 pub struct InflightCounter {
     value: AtomicU32,
-    released: Option<Arc<Notify>>,
+    released: Option<Arc<CapacitySignal>>,
 }
 
 impl InflightCounter {
-    /// A counter that signals `released` whenever a unit is given back.
-    pub fn with_release_signal(released: Arc<Notify>) -> Self {
+    /// A counter that signals `released` whenever a unit is given back while requests wait.
+    pub fn with_release_signal(released: Arc<CapacitySignal>) -> Self {
         InflightCounter {
             value: AtomicU32::new(0),
             released: Some(released),
@@ -36,7 +59,7 @@ impl InflightCounter {
     /// Tells the dispatcher that capacity may have appeared without a release.
     pub fn signal_capacity(&self) {
         if let Some(released) = &self.released {
-            released.notify_one();
+            released.notify.notify_one();
         }
     }
 
@@ -79,7 +102,7 @@ impl Drop for Slot {
         if let Some(counter) = self.counter.take() {
             counter.value.fetch_sub(1, Ordering::AcqRel);
             if let Some(released) = &counter.released {
-                released.notify_one();
+                released.released();
             }
         }
     }
@@ -153,7 +176,7 @@ impl Address {
 
 impl BackendState {
     /// Fresh state for a backend with no traffic yet; releases signal `released`.
-    pub fn new(name: impl Into<String>, released: Arc<Notify>) -> Self {
+    pub fn new(name: impl Into<String>, released: Arc<CapacitySignal>) -> Self {
         BackendState {
             name: name.into(),
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
@@ -192,11 +215,13 @@ pub struct ClassState {
 }
 
 impl ClassState {
-    /// Fresh state for a class; releases of its in-flight slots signal `released`.
-    pub fn new(released: Arc<Notify>) -> Self {
+    /// Fresh state for a class; releases of its in-flight slots signal `released`, and its
+    /// queued requests are counted in `released.waiting`.
+    pub fn new(released: Arc<CapacitySignal>) -> Self {
+        let queues = ClassQueues::new(Arc::clone(&released.waiting));
         ClassState {
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
-            queues: ClassQueues::default(),
+            queues,
             service_times: ServiceTimes::default(),
             mean_tokens: AtomicU64::new(0),
             batches: crate::batching::OpenBatches::default(),
@@ -331,18 +356,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn release_signals_and_cancel_does_not() {
-        let signal = Arc::new(Notify::new());
+    async fn a_release_signals_while_requests_wait_and_a_cancel_never_does() {
+        let signal = Arc::new(CapacitySignal::default());
         let counter = Arc::new(InflightCounter::with_release_signal(Arc::clone(&signal)));
+        let quiet = || {
+            tokio::time::timeout(
+                std::time::Duration::from_millis(50),
+                signal.notify.notified(),
+            )
+        };
+        drop(counter.try_acquire(1).unwrap());
+        assert!(quiet().await.is_err(), "nobody waits: nothing to wake");
+        signal.waiting.store(1, Ordering::SeqCst);
         counter.try_acquire(1).unwrap().cancel();
         assert_eq!(counter.get(), 0);
-        let quiet =
-            tokio::time::timeout(std::time::Duration::from_millis(50), signal.notified()).await;
-        assert!(quiet.is_err(), "cancel must not wake the dispatcher");
+        assert!(
+            quiet().await.is_err(),
+            "cancel must not wake the dispatcher"
+        );
         drop(counter.try_acquire(1).unwrap());
-        tokio::time::timeout(std::time::Duration::from_secs(1), signal.notified())
+        tokio::time::timeout(std::time::Duration::from_secs(1), signal.notify.notified())
             .await
-            .expect("a release wakes the dispatcher");
+            .expect("a release wakes the dispatcher while a request waits");
     }
 
     #[test]

@@ -31,7 +31,7 @@ impl BackgroundService for Dispatcher {
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                () = capacity.notified() => self.registry.load().dispatch_all(),
+                () = capacity.notify.notified() => self.registry.load().dispatch_all(),
             }
         }
     }
