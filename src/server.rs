@@ -86,6 +86,10 @@ pub fn build_server(
     // no grace period is needed after it, and the runtimes only have their loops to end.
     let conf = ServerConf {
         threads: config.threads,
+        // One thread needs no work stealing: tokio's current-thread scheduler does the same
+        // work with less bookkeeping per wake-up. With more, stealing keeps a thread from
+        // carrying the long streams it accepted while the others idle.
+        work_stealing: config.threads > 1,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         upgrade_sock: handover.socket.to_string_lossy().into_owned(),

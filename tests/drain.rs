@@ -2,7 +2,8 @@
 //! the listener stops accepting (a new connection is refused) while a stream in flight runs to
 //! its `[DONE]`, and only then does the process exit; a client connection silent when the
 //! listener closes is closed after its last call (half a second) and one whose request comes
-//! just then is answered. Probes answer without a token.
+//! just then is answered. Probes answer without a token. The stream's drain runs with two proxy
+//! threads and with one (tokio's current-thread scheduler).
 
 mod common;
 
@@ -12,9 +13,20 @@ use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_in_flight_completes_across_sigterm() {
+    stream_in_flight_across_sigterm(2).await;
+}
+
+/// One proxy thread runs on tokio's current-thread scheduler (no work stealing): the same drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_flight_completes_across_sigterm_on_one_thread() {
+    stream_in_flight_across_sigterm(1).await;
+}
+
+async fn stream_in_flight_across_sigterm(threads: u32) {
     // 40 tokens at 50 ms each: a stream of about two seconds.
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(50)).await;
     let config = Config::fleet(&workers)
+        .set("threads", threads)
         .set("drain_delay", "500ms")
         .set("shutdown_timeout", "20s");
     let mut proxy = Proxy::start(config).await;
