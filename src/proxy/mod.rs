@@ -225,13 +225,18 @@ impl ProxyHttp for Gpulb {
         _reused: bool,
         _peer: &HttpPeer,
         fd: std::os::unix::io::RawFd,
-        _digest: Option<&pingora::protocols::Digest>,
+        digest: Option<&pingora::protocols::Digest>,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         let timeouts = ctx.snapshot.as_ref().map(|s| &s.config.timeouts);
-        ctx.upstream_watch = timeouts
-            .filter(|t| !t.per_read())
-            .and_then(|t| watch::UpstreamWatch::start(fd, t.first_byte(), t.idle()));
+        ctx.upstream_watch = timeouts.filter(|t| !t.per_read()).and_then(|t| {
+            // The connection's own digest, so that its duplicate descriptor is made once per
+            // connection; a stream without one gets a digest for this attempt alone.
+            let socket = digest
+                .and_then(|d| d.socket_digest.clone())
+                .unwrap_or_else(|| Arc::new(pingora::protocols::SocketDigest::from_raw_fd(fd)));
+            watch::UpstreamWatch::start(socket, t.first_byte(), t.idle())
+        });
         Ok(())
     }
 

@@ -5,11 +5,14 @@
 //!
 //! pingora reads the backend with one timeout for every read; gpulb gives it the larger of the
 //! two and a watchdog task enforces both. A deadline that passes shuts the upstream socket down
-//! (a duplicate of its descriptor, held by the watchdog, so the descriptor can never name
-//! another socket by then); pingora's pending read then fails and the request ends as a timeout
-//! of the backend.
+//! through a duplicate of its descriptor, so the descriptor can never name another socket by
+//! then: the connection's socket digest makes the duplicate once and keeps it as long as the
+//! connection or a watchdog holds the digest (vendor/README.md, pingora-core's tenth change), so
+//! a request on a pooled connection duplicates nothing. pingora's pending read then fails and
+//! the request ends as a timeout of the backend.
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use pingora::protocols::SocketDigest;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +49,10 @@ struct Shared {
     /// Body chunks handed on to the client.
     forwarded: AtomicU64,
     state: AtomicU8,
-    socket: OwnedFd,
+    /// Keeps `duplicate` open.
+    _socket: Arc<SocketDigest>,
+    /// The digest's duplicate of the upstream socket's descriptor.
+    duplicate: RawFd,
     first_byte: Duration,
     idle: Duration,
 }
@@ -70,21 +76,24 @@ pub struct UpstreamWatch {
 }
 
 impl UpstreamWatch {
-    /// Starts watching the upstream socket `fd` of an attempt whose request is being sent now;
-    /// `None` when the descriptor cannot be duplicated (pingora's own timeout still applies).
-    pub fn start(fd: RawFd, first_byte: Duration, idle: Duration) -> Option<UpstreamWatch> {
-        // SAFETY: pingora hands this descriptor to `connected_to_upstream` while the
-        // connection is open and owned by the request; it is only borrowed to duplicate it.
-        let socket = unsafe { BorrowedFd::borrow_raw(fd) }
-            .try_clone_to_owned()
-            .ok()?;
+    /// Starts watching the upstream socket of an attempt whose request is being sent now;
+    /// `None` when its descriptor cannot be duplicated (pingora's own timeout still applies).
+    pub fn start(
+        socket: Arc<SocketDigest>,
+        first_byte: Duration,
+        idle: Duration,
+    ) -> Option<UpstreamWatch> {
+        // SAFETY: the digest is the one of the connection pingora hands to
+        // `connected_to_upstream`, open and owned by the request while the hook runs.
+        let duplicate = unsafe { socket.duplicate_fd() }?.as_raw_fd();
         let shared = Arc::new(Shared {
             started: Instant::now(),
             deadline_ms: AtomicU64::new(0),
             received: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             state: AtomicU8::new(ARMED),
-            socket,
+            _socket: socket,
+            duplicate,
             first_byte,
             idle,
         });
@@ -175,8 +184,8 @@ async fn watch(shared: Arc<Shared>) {
             .compare_exchange(ARMED, fired, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            // SAFETY: `socket` is this watchdog's own descriptor of the upstream socket.
-            unsafe { libc::shutdown(shared.socket.as_raw_fd(), libc::SHUT_RDWR) };
+            // SAFETY: `duplicate` stays open while `_socket`, the digest that made it, is held.
+            unsafe { libc::shutdown(shared.duplicate, libc::SHUT_RDWR) };
         }
         return;
     }
@@ -193,6 +202,10 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
         (client, server)
+    }
+
+    fn digest_of(stream: &TcpStream) -> Arc<SocketDigest> {
+        Arc::new(SocketDigest::from_raw_fd(stream.as_raw_fd()))
     }
 
     /// Reads from `stream` until EOF or error, within 5 s; true when the read ended.
@@ -214,7 +227,7 @@ mod tests {
     async fn a_silent_backend_is_cut_at_first_byte_then_at_idle() {
         let (client, _server) = pair();
         let watch = UpstreamWatch::start(
-            client.as_raw_fd(),
+            digest_of(&client),
             Duration::from_millis(50),
             Duration::from_secs(60),
         )
@@ -229,7 +242,7 @@ mod tests {
 
         let (client, mut server) = pair();
         let watch = UpstreamWatch::start(
-            client.as_raw_fd(),
+            digest_of(&client),
             Duration::from_secs(60),
             Duration::from_millis(50),
         )
@@ -250,7 +263,7 @@ mod tests {
     async fn chunks_in_time_and_a_lagging_client_keep_the_exchange() {
         let (client, _server) = pair();
         let watch = UpstreamWatch::start(
-            client.as_raw_fd(),
+            digest_of(&client),
             Duration::from_millis(60),
             Duration::from_millis(60),
         )

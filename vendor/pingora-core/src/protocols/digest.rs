@@ -88,6 +88,9 @@ pub struct SocketDigest {
     pub local_addr: OnceCell<Option<SocketAddr>>,
     /// Original destination address
     pub original_dst: OnceCell<Option<SocketAddr>>,
+    /// A duplicate of the descriptor, made on first ask and closed with the digest
+    #[cfg(unix)]
+    duplicate_fd: OnceCell<Option<std::os::fd::OwnedFd>>,
 }
 
 impl SocketDigest {
@@ -98,7 +101,31 @@ impl SocketDigest {
             peer_addr: OnceCell::new(),
             local_addr: OnceCell::new(),
             original_dst: OnceCell::new(),
+            duplicate_fd: OnceCell::new(),
         }
+    }
+
+    /// A descriptor of this socket that stays valid, and names this socket, for as long as the
+    /// digest lives, even after the connection's own descriptor is closed: made by duplicating
+    /// it on the first call (later calls answer the same one), `None` if that failed. With it a
+    /// watcher holding the digest can shut the socket down without the risk that the connection
+    /// closed meanwhile and its descriptor number went to another socket.
+    ///
+    /// # Safety
+    /// The first call must be made while the connection's own descriptor is open.
+    #[cfg(unix)]
+    pub unsafe fn duplicate_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::{AsFd, BorrowedFd};
+        self.duplicate_fd
+            .get_or_init(|| {
+                // SAFETY: the caller guarantees `raw_fd` is open; it is only borrowed to
+                // duplicate it.
+                unsafe { BorrowedFd::borrow_raw(self.raw_fd) }
+                    .try_clone_to_owned()
+                    .ok()
+            })
+            .as_ref()
+            .map(|fd| fd.as_fd())
     }
 
     #[cfg(windows)]
