@@ -8,8 +8,9 @@ use std::process::ExitCode;
 mod allocator;
 
 /// mimalloc: pingora allocates per request and per chunk; it is faster than glibc's malloc here,
-/// and faster still called as `allocator` does (3.8k fewer instructions per request). Built without transparent huge pages (`no_thp` in Cargo.toml): each huge page it touched
-/// stayed resident whole, 12 MiB at rest (BENCHMARKS.md, "Memory").
+/// and faster still called as `allocator` does (3.8k fewer instructions per request). Built
+/// without transparent huge pages (`no_thp` in Cargo.toml): each huge page it touched stayed
+/// resident whole, 12 MiB at rest (BENCHMARKS.md, "Memory").
 #[global_allocator]
 static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
 
