@@ -86,10 +86,12 @@ pub fn build_server(
     // no grace period is needed after it, and the runtimes only have their loops to end.
     let conf = ServerConf {
         threads: config.threads,
-        // One thread needs no work stealing: tokio's current-thread scheduler does the same
-        // work with less bookkeeping per wake-up. With more, stealing keeps a thread from
-        // carrying the long streams it accepted while the others idle.
-        work_stealing: config.threads > 1,
+        // No work stealing: each thread runs tokio's current-thread scheduler and a connection
+        // stays on the thread it was handed to (pingora picks one at random per connection), as
+        // nginx's workers and HAProxy's threads keep theirs. Less bookkeeping per wake-up and no
+        // task crossing threads: 0.63–0.69x nginx's req/s at 2 threads against 0.48–0.59x with
+        // stealing (BENCHMARKS.md, "Proxy overhead"). With one thread it is the same scheduler.
+        work_stealing: false,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         upgrade_sock: handover.socket.to_string_lossy().into_owned(),

@@ -3,7 +3,7 @@
 //! its `[DONE]`, and only then does the process exit; a client connection silent when the
 //! listener closes is closed after its last call (half a second) and one whose request comes
 //! just then is answered. Probes answer without a token. The stream's drain runs with two proxy
-//! threads and with one (tokio's current-thread scheduler).
+//! threads (two current-thread runtimes, each keeping its connections) and with one.
 
 mod common;
 
@@ -16,7 +16,7 @@ async fn a_stream_in_flight_completes_across_sigterm() {
     stream_in_flight_across_sigterm(2).await;
 }
 
-/// One proxy thread runs on tokio's current-thread scheduler (no work stealing): the same drain.
+/// One proxy thread, one runtime: the same drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_in_flight_completes_across_sigterm_on_one_thread() {
     stream_in_flight_across_sigterm(1).await;
