@@ -14,6 +14,7 @@ mod finish;
 mod hygiene;
 mod intake;
 mod respond;
+mod sweeper;
 mod tenant;
 mod usage_tail;
 mod watch;

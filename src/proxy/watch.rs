@@ -4,13 +4,16 @@
 //! own queue and prefill), then `timeouts.idle` between body chunks.
 //!
 //! pingora reads the backend with one timeout for every read; gpulb gives it the larger of the
-//! two and a watchdog task enforces both. A deadline that passes shuts the upstream socket down
-//! through a duplicate of its descriptor, so the descriptor can never name another socket by
-//! then: the connection's socket digest makes the duplicate once and keeps it as long as the
-//! connection or a watchdog holds the digest (vendor/README.md, pingora-core's tenth change), so
-//! a request on a pooled connection duplicates nothing. pingora's pending read then fails and
-//! the request ends as a timeout of the backend.
+//! two and a watchdog enforces both. Its thread's sweeper (`sweeper.rs`) checks it every tenth
+//! of the shorter timeout (5 ms at least, 1 s at most), so a deadline is enforced within that
+//! tick of its time. A deadline that passes shuts the upstream socket down through a duplicate
+//! of its descriptor, so the descriptor can never name another socket by then: the connection's
+//! socket digest makes the duplicate once and keeps it as long as the connection or a watchdog
+//! holds the digest (vendor/README.md, pingora-core's tenth change), so a request on a pooled
+//! connection duplicates nothing. pingora's pending read then fails and the request ends as a
+//! timeout of the backend.
 
+use super::sweeper::{self, Watched};
 use pingora::protocols::SocketDigest;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -71,8 +74,13 @@ impl Shared {
 
 /// The watchdog of one attempt; dropping it ends the watch.
 pub struct UpstreamWatch {
+    /// The only strong reference: the sweeper holds the watch weakly.
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+}
+
+/// How often a watch with these timeouts is checked.
+fn tick(first_byte: Duration, idle: Duration) -> Duration {
+    (first_byte.min(idle) / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
 }
 
 impl UpstreamWatch {
@@ -98,8 +106,9 @@ impl UpstreamWatch {
             idle,
         });
         shared.push_deadline(first_byte);
-        let task = tokio::spawn(watch(Arc::clone(&shared)));
-        Some(UpstreamWatch { shared, task })
+        let watched: std::sync::Weak<Shared> = Arc::downgrade(&shared);
+        sweeper::watch(watched, tick(first_byte, idle));
+        Some(UpstreamWatch { shared })
     }
 
     /// A piece of the request body left for the backend: its answer is awaited from now.
@@ -149,45 +158,38 @@ impl Drop for UpstreamWatch {
             self.shared
                 .state
                 .compare_exchange(ARMED, DONE, Ordering::AcqRel, Ordering::Acquire);
-        self.task.abort();
     }
 }
 
-/// Sleeps to the current deadline, again while it moves, and cuts the exchange when it passes.
-/// The deadline moves earlier only when the first-byte wait gives way to the (shorter) idle
-/// one, so no sleep lasts longer than the shorter of the two.
-async fn watch(shared: Arc<Shared>) {
-    let longest_sleep = shared.first_byte.min(shared.idle);
-    loop {
-        let deadline = shared.deadline_ms.load(Ordering::Acquire);
-        let now = shared.elapsed_ms();
-        if now < deadline {
-            let sleep = Duration::from_millis(deadline - now).min(longest_sleep);
-            tokio::time::sleep(sleep).await;
-            continue;
+impl Watched for Shared {
+    /// Cuts the exchange if its deadline has passed; false once the watch is over. The deadline
+    /// moves on while the client, not the backend, is behind.
+    fn check(&self) -> bool {
+        if self.state.load(Ordering::Acquire) != ARMED {
+            return false;
         }
-        if shared.state.load(Ordering::Acquire) != ARMED {
-            return;
+        if self.elapsed_ms() < self.deadline_ms.load(Ordering::Acquire) {
+            return true;
         }
-        let received = shared.received.load(Ordering::Acquire);
-        if received > shared.forwarded.load(Ordering::Acquire) {
+        let received = self.received.load(Ordering::Acquire);
+        if received > self.forwarded.load(Ordering::Acquire) {
             // The client is behind, not the backend: pingora stopped reading for it.
-            shared.push_deadline(shared.idle);
-            continue;
+            self.push_deadline(self.idle);
+            return true;
         }
         let fired = match received {
             0 => FIRED_FIRST_BYTE,
             _ => FIRED_IDLE,
         };
-        if shared
+        if self
             .state
             .compare_exchange(ARMED, fired, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             // SAFETY: `duplicate` stays open while `_socket`, the digest that made it, is held.
-            unsafe { libc::shutdown(shared.duplicate, libc::SHUT_RDWR) };
+            unsafe { libc::shutdown(self.duplicate, libc::SHUT_RDWR) };
         }
-        return;
+        false
     }
 }
 
