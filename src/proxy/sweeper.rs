@@ -4,7 +4,8 @@
 //! A watch is held weakly: dropping its owner ends it, and the sweeper forgets it at its next
 //! tick. The task runs while it has watches and ends when the last is gone; the next watch
 //! starts it again. If its runtime shuts down under it, the next watch on the thread starts a
-//! new one.
+//! new one. Its tick is the shortest any watch asked for since it started (a reload to longer
+//! timeouts lengthens it once the task has been idle).
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
