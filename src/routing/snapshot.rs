@@ -97,6 +97,49 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Whether this snapshot, replacing `previous`, may have room `previous` had not: a backend
+    /// or class it lacked, a higher cap on one, a class sent to another pool or given a fallback,
+    /// a pool with a member it lacked. Other room a reload frees (guards, health settings) is
+    /// found by the queues' recheck, within `admission`'s `RECHECK`.
+    pub fn may_add_room(&self, previous: &Snapshot) -> bool {
+        fn backend_names<'a>(s: &'a Snapshot, pool: &Pool) -> Vec<&'a str> {
+            pool.members
+                .iter()
+                .map(|&m| s.backends[m].state.name.as_str())
+                .collect()
+        }
+        fn pool_name(s: &Snapshot, index: usize) -> Option<&str> {
+            s.pools.get(index).map(|p| p.name.as_str())
+        }
+        let backends = self.backends.iter().any(|b| {
+            previous
+                .backends
+                .iter()
+                .find(|o| o.state.name == b.state.name)
+                .is_none_or(|o| b.max_outstanding > o.max_outstanding)
+        });
+        let classes = self.classes.iter().any(|c| {
+            previous
+                .classes
+                .iter()
+                .find(|o| o.name == c.name)
+                .is_none_or(|o| {
+                    c.max_outstanding > o.max_outstanding
+                        || pool_name(self, c.pool) != pool_name(previous, o.pool)
+                        || c.fallback.as_ref().map(|f| pool_name(self, f.0))
+                            != o.fallback.as_ref().map(|f| pool_name(previous, f.0))
+                })
+        });
+        let pools = self.pools.iter().any(|p| {
+            let old = previous.pools.iter().find(|o| o.name == p.name);
+            old.is_none_or(|o| {
+                let before = backend_names(previous, o);
+                backend_names(self, p).iter().any(|n| !before.contains(n))
+            })
+        });
+        backends || classes || pools
+    }
+
     /// Names of the backends of pool `pool`, in member order.
     pub fn member_names<'a>(&'a self, pool: &'a Pool) -> impl Iterator<Item = &'a str> + Clone {
         pool.members
@@ -242,10 +285,16 @@ impl Registry {
         let next =
             Snapshot::build_resolved(config, resolved, previous.generation + 1, Some(&previous));
         let generation = next.generation;
+        let more_room = next.may_add_room(&previous);
         self.current.store(Arc::new(next));
         self.generations.send_replace(generation);
-        // The new config may bring capacity (more backends, higher caps): let queues know.
-        self.load().capacity.notify.notify_one();
+        // Only a config that may bring room wakes the queues now: a dispatch at every reload
+        // would place queued requests at moments no release chose (measured: a queued
+        // interactive burst sent to the slowest GPU while reloading every 100 ms). Room a
+        // reload frees in other ways is found by the waiters' own recheck.
+        if more_room {
+            self.load().capacity.notify.notify_one();
+        }
         generation
     }
 }

@@ -390,3 +390,43 @@ fn file_names_resolve_once_per_apply_and_discovered_backends_keep_their_addresse
         "the file's own config"
     );
 }
+
+#[test]
+fn a_reload_wakes_the_queues_only_when_it_may_bring_room() {
+    let first = Snapshot::build(config(TWO_CLASSES), 1, None);
+    let next = |yaml: &str| Snapshot::build(config(yaml), 2, Some(&first));
+    let same_room = TWO_CLASSES.replace("default_class: bulk", "default_class: chat");
+    assert!(
+        !next(&same_room).may_add_room(&first),
+        "a change that adds no room"
+    );
+    let higher_cap = TWO_CLASSES.replace("max_outstanding: 1}", "max_outstanding: 3}");
+    assert!(
+        next(&higher_cap).may_add_room(&first),
+        "a backend's cap raised"
+    );
+    let lower_cap = TWO_CLASSES.replace("max_outstanding: 2}", "max_outstanding: 1}");
+    assert!(
+        !next(&lower_cap).may_add_room(&first),
+        "a backend's cap lowered"
+    );
+    let new_backend = TWO_CLASSES.replace(
+        "pools:",
+        "  - {name: c, url: \"http://127.0.0.1:9003\"}\npools:",
+    );
+    assert!(next(&new_backend).may_add_room(&first), "a backend added");
+    let wider_pool = TWO_CLASSES.replace("backends: [a]}", "backends: [a, b]}");
+    assert!(
+        next(&wider_pool).may_add_room(&first),
+        "a pool given a member"
+    );
+    let capped = TWO_CLASSES.replace("pool: all}", "pool: all, max_outstanding: 1}");
+    let capped = Snapshot::build(config(&capped), 2, Some(&first));
+    let uncapped = Snapshot::build(config(TWO_CLASSES), 3, Some(&capped));
+    assert!(uncapped.may_add_room(&capped), "a class's cap lifted");
+    let moved = TWO_CLASSES.replace("{name: pinned, pool: only-a", "{name: pinned, pool: all");
+    assert!(
+        next(&moved).may_add_room(&first),
+        "a class sent to another pool"
+    );
+}
