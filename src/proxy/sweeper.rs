@@ -42,8 +42,12 @@ thread_local! {
 /// thread's sweeper until it is dropped or its `check` says it is over. Must run inside a tokio
 /// runtime.
 pub(super) fn watch(watched: Weak<dyn Watched>, tick: Duration) {
-    let sweeper = SWEEPER.with(|s| Arc::clone(s.borrow_mut().get_or_insert_with(Arc::default)));
-    sweeper.add(watched, tick);
+    // `add` touches nothing thread-local, so the borrow is held across it.
+    SWEEPER.with(|s| {
+        s.borrow_mut()
+            .get_or_insert_with(Arc::default)
+            .add(watched, tick)
+    });
 }
 
 impl Sweeper {
