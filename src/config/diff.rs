@@ -41,6 +41,11 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
             old.request_id_header != new.request_id_header,
         ),
         (
+            "preserve_header_case",
+            false,
+            old.preserve_header_case != new.preserve_header_case,
+        ),
+        (
             "default_class",
             false,
             old.default_class != new.default_class,

@@ -80,6 +80,11 @@ pub struct Config {
     /// Header carrying the request id; added when the client sent none, echoed back.
     #[serde(default = "defaults::request_id_header")]
     pub request_id_header: String,
+    /// Whether HTTP/1 header names are forwarded in the case they arrived in (both ways), or
+    /// in lower case with the common ones titled (`Host`, `Content-Type`...), as HAProxy and
+    /// Envoy forward them; keeping the case costs a second header map per request and response.
+    #[serde(default)]
+    pub preserve_header_case: bool,
     /// The inference workers.
     pub backends: Vec<BackendConfig>,
     /// Named sets of backends; when absent, one pool `default` holds every backend.

@@ -157,6 +157,14 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
         !h2c && !custom && matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1))
     }
 
+    /// A session for the next request on an HTTP/1 connection, its header names' case kept
+    /// or not as the current config says (`preserve_header_case`).
+    fn new_http1_session(&self, stream: Stream) -> ServerSession {
+        let mut session = ServerSession::new_http1(stream);
+        session.set_keep_header_case(self.registry.load().config.preserve_header_case);
+        session
+    }
+
     /// The requests of an HTTP/1 connection, as pingora's own loop serves them (pingora-core
     /// `apps/mod.rs`), except that before each request the connection waits here: pingora's
     /// per-request state (the session, its header buffer and the proxy's request future) is
@@ -167,7 +175,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
         let Some(stream) = self.wait_for_request(stream).await else {
             return;
         };
-        let mut session = ServerSession::new_http1(stream);
+        let mut session = self.new_http1_session(stream);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(
             self.inner
@@ -182,7 +190,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
             let Some(stream) = self.wait_for_request(stream).await else {
                 return;
             };
-            session = ServerSession::new_http1(stream);
+            session = self.new_http1_session(stream);
             if let Some(settings) = settings {
                 settings.apply_to_session(&mut session);
             }

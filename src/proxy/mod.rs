@@ -194,6 +194,7 @@ impl ProxyHttp for Gpulb {
         peer.options.read_timeout = Some(timeouts.first_byte().max(timeouts.idle()));
         peer.options.write_timeout = Some(timeouts.write);
         peer.options.idle_timeout = Some(timeouts.upstream_keepalive);
+        peer.options.keep_h1_response_header_case = snapshot.config.preserve_header_case;
         Ok(Box::new(peer))
     }
 

@@ -322,6 +322,14 @@ impl Session {
         }
     }
 
+    /// gpulb's patch: whether an HTTP/1 request keeps its header names' case (the default) or
+    /// only their lower-case form. Noop for the others (HTTP/2 names are lower case).
+    pub fn set_keep_header_case(&mut self, keep: bool) {
+        if let Self::H1(s) = self {
+            s.set_keep_header_case(keep);
+        }
+    }
+
     /// Get the keepalive timeout. None if keepalive is disabled. Not applicable for h2 or
     /// subrequest
     pub fn get_keepalive(&self) -> Option<u64> {

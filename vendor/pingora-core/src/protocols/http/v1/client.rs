@@ -71,6 +71,9 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    /// gpulb's patch: whether the response header keeps its names' case
+    /// ([`crate::upstreams::peer::PeerOptions::keep_h1_response_header_case`]).
+    keep_header_case: bool,
     /// The serialised request header of a request with a Content-Length body, not yet sent:
     /// it leaves with the first piece of the body in one vectored write (gpulb's patch), so
     /// the server wakes and reads once instead of once for the header and again for the body.
@@ -182,6 +185,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            keep_header_case: true,
             pending_header: None,
         }
     }
@@ -193,6 +197,7 @@ impl HttpSession {
             session.set_allow_h1_response_invalid_content_length(
                 options.allow_h1_response_invalid_content_length,
             );
+            session.keep_header_case = options.keep_h1_response_header_case;
         }
         session
     }
@@ -398,7 +403,12 @@ impl HttpSession {
                         // it forwards (this header, moved out by `read_resp_header_parts`):
                         // a request id, `Date` and `Connection`, so adding them does not grow
                         // and rehash both of its maps.
-                        let mut response_header = match ResponseHeader::build(
+                        let build = if self.keep_header_case {
+                            ResponseHeader::build
+                        } else {
+                            ResponseHeader::build_no_case
+                        };
+                        let mut response_header = match build(
                             resp.code.unwrap(),
                             Some(resp.headers.len() + FORWARDED_RESPONSE_HEADER_ROOM),
                         ) {

@@ -162,6 +162,10 @@ pub struct HttpSession {
     /// [`super::super::HttpPersistentSettings`] into the next session.
     /// Scoped narrowly so it cannot affect FIN / `abort_on_close` semantics.
     pipelined_idle_bytes_stashed: bool,
+    /// gpulb's patch: whether the request header keeps each header name's case as received
+    /// (a second, case-preserving map beside the header map), or is written on in lower case
+    /// (the common names titled: `Host`, `Content-Length`...), as HAProxy and Envoy do.
+    keep_header_case: bool,
 }
 
 impl HttpSession {
@@ -210,6 +214,7 @@ impl HttpSession {
             pipelining_enabled: false,
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
+            keep_header_case: true,
         }
     }
 
@@ -357,7 +362,12 @@ impl HttpSession {
                         // forwards (a clone of this one keeps the room): `X-Forwarded-For`,
                         // `X-Forwarded-Proto` and a request id, so adding them does not grow and
                         // rehash both of its maps.
-                        let mut request_header = Box::new(RequestHeader::build(
+                        let build = if self.keep_header_case {
+                            RequestHeader::build
+                        } else {
+                            RequestHeader::build_no_case
+                        };
+                        let mut request_header = Box::new(build(
                             req.method.unwrap_or(""),
                             // we path httparse to allow unsafe bytes in the str
                             req.path.unwrap_or("").as_bytes(),
@@ -1403,6 +1413,12 @@ impl HttpSession {
     /// Expect: 100-continue was set on the request.
     pub fn set_ignore_info_resp(&mut self, ignore: bool) {
         self.ignore_info_resp = ignore;
+    }
+
+    /// gpulb's patch: whether requests read from now on keep their header names' case
+    /// (the default) or are kept in lower case only, which saves a second map per request.
+    pub fn set_keep_header_case(&mut self, keep: bool) {
+        self.keep_header_case = keep;
     }
 
     /// Sets whether keepalive should be disabled if response is written prior to
