@@ -33,6 +33,7 @@ pub mod config;
 pub mod connections;
 pub mod discovery;
 pub mod error;
+mod fast_hash;
 mod headers;
 pub mod health;
 mod hostinfo;

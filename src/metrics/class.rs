@@ -1,9 +1,9 @@
 //! Per-class handles of the request-path metrics, and the tenant label cap.
 
 use super::{now_s, status_label, LatencyWindow, Percentiles, MAX_TENANT_LEN};
+use crate::fast_hash::FastSet;
 use crate::request::Usage;
 use prometheus::{Histogram, IntCounter, IntCounterVec};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -73,7 +73,7 @@ impl BatchFigures {
 /// Folds tenants past the first `max` seen into `other`, bounding label cardinality.
 pub(super) struct TenantLabels {
     pub(super) max: usize,
-    pub(super) known: RwLock<HashSet<String>>,
+    pub(super) known: RwLock<FastSet<String>>,
 }
 
 impl TenantLabels {

@@ -4,14 +4,15 @@
 use super::models::ModelRoute;
 use super::state::Grant;
 use crate::admission::{ClassQueue, WaitTally};
-use std::collections::{BTreeMap, HashMap};
+use crate::fast_hash::FastMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 
 /// The queues of one class, by model route; kept across reloads with the class.
 #[derive(Default)]
 pub struct ClassQueues {
-    by_route: RwLock<HashMap<ModelRoute, Arc<ClassQueue<Grant>>>>,
+    by_route: RwLock<FastMap<ModelRoute, Arc<ClassQueue<Grant>>>>,
     /// What waits in all of them, also added to the process-wide count it was made with.
     tally: Arc<WaitTally>,
 }
@@ -71,7 +72,7 @@ impl ClassQueues {
             .collect()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ModelRoute, Arc<ClassQueue<Grant>>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, FastMap<ModelRoute, Arc<ClassQueue<Grant>>>> {
         self.by_route.read().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -3,6 +3,7 @@
 
 use super::drain::DrainRate;
 use super::policy::{Fairness, QueuePolicy, ShedReason};
+use crate::fast_hash::FastMap;
 use std::collections::{BTreeMap, HashMap};
 
 mod choose;
@@ -55,7 +56,7 @@ impl<L> Tenant<L> {
 
 /// Everything the queue knows, guarded by the queue's one mutex.
 pub(super) struct State<L> {
-    tenants: HashMap<Arc<str>, Tenant<L>>,
+    tenants: FastMap<Arc<str>, Tenant<L>>,
     /// Every waiter by arrival id: the FIFO of `BestEffort`, and the depth.
     arrivals: BTreeMap<u64, Arc<str>>,
     /// Tenants with waiters in round-robin order; the first is the one whose turn it is.
@@ -71,7 +72,7 @@ impl<L> State<L> {
     /// An empty queue.
     pub(super) fn new(now: Instant) -> Self {
         State {
-            tenants: HashMap::new(),
+            tenants: FastMap::default(),
             arrivals: BTreeMap::new(),
             ring: BTreeMap::new(),
             next_id: 0,
