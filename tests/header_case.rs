@@ -1,6 +1,7 @@
-//! Header names on HTTP/1 leave in lower case (the common ones titled), as HAProxy and Envoy
-//! send them, unless `preserve_header_case` asks for them as they arrived; either way every
-//! header and value arrives.
+//! How header fields are written on: names on HTTP/1 leave in lower case (the common ones
+//! titled), as HAProxy and Envoy send them, unless `preserve_header_case` asks for them as they
+//! arrived, every header and value arriving either way; and a `Content-Length` that came as
+//! repeats of one value goes on as that value once.
 
 mod common;
 
@@ -58,6 +59,12 @@ async fn serve(mut socket: TcpStream, seen: Seen) {
 /// Sends [`REQUEST`] through a gpulb whose config is `preserve`, and returns what the backend
 /// received and what the client got back.
 async fn round_trip(preserve: Option<bool>) -> (String, String) {
+    round_trip_of(REQUEST, preserve).await
+}
+
+/// Sends `request` through a gpulb whose config is `preserve`, and returns what the backend
+/// received and what the client got back.
+async fn round_trip_of(request: &[u8], preserve: Option<bool>) -> (String, String) {
     let (url, seen) = recording_backend().await;
     let mut config = Config::new().backend(
         Backend::at("b0", &url)
@@ -69,7 +76,7 @@ async fn round_trip(preserve: Option<bool>) -> (String, String) {
     }
     let proxy = Proxy::start(config).await;
     let mut client = Raw::connect(&proxy.url).await;
-    client.send(REQUEST).await;
+    client.send(request).await;
     let answer = client.answer().await;
     assert_eq!(answer.status, 200, "{}", answer.text);
     let seen = seen.lock().unwrap().clone();
@@ -129,4 +136,28 @@ async fn preserve_header_case_forwards_names_as_they_arrived_both_ways() {
     assert!(!forwarded.contains("x-trace-token"), "{forwarded}");
     let got = header_lines(&answered);
     assert!(got.contains(&"X-Engine-Name: sim"), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_repeated_with_one_value_goes_on_once() {
+    for (preserve, lengths) in [
+        (None, "Content-Length: 2\r\nContent-Length: 2"),
+        (None, "Content-Length: 2, 2"),
+        (Some(true), "content-length: 2 , 2\r\nContent-Length: 2"),
+    ] {
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: gpulb.test\r\nContent-Type: application/json\r\n{lengths}\r\n\r\n{{}}"
+        );
+        let (forwarded, answered) = round_trip_of(request.as_bytes(), preserve).await;
+        let lines: Vec<&str> = header_lines(&forwarded)
+            .into_iter()
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+            .collect();
+        assert_eq!(lines, ["Content-Length: 2"], "{lengths:?} sent {forwarded}");
+        assert!(
+            forwarded.ends_with("\r\n\r\n{}"),
+            "body intact: {forwarded}"
+        );
+        assert!(answered.ends_with("{\"ok\":true}"), "{answered}");
+    }
 }

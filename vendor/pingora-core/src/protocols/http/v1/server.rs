@@ -405,10 +405,18 @@ impl HttpSession {
                         // of just its bytes lets the read buffer's capacity go now.
                         let buf = Bytes::copy_from_slice(&buf);
 
+                        // gpulb's patch: whether `Content-Length` came as anything but one
+                        // field of one value (several fields, a list), to forward it as one.
+                        let mut content_length_fields = 0usize;
+                        let mut content_length_listed = false;
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
-                            let header_name = header_name.into_case_header_name();
                             let value_bytes = header.get_value_bytes(&buf);
+                            if header_name.eq_ignore_ascii_case(b"content-length") {
+                                content_length_fields += 1;
+                                content_length_listed |= value_bytes.contains(&b',');
+                            }
+                            let header_name = header_name.into_case_header_name();
                             // safe because this is from what we parsed
                             let header_value = unsafe {
                                 http::HeaderValue::from_maybe_shared_unchecked(value_bytes)
@@ -434,6 +442,18 @@ impl HttpSession {
                             contains_content_length && contains_transfer_encoding;
                         if has_both_te_and_cl {
                             request_header.remove_header(&CONTENT_LENGTH);
+                        } else if content_length_fields > 1 || content_length_listed {
+                            // gpulb's patch: identical values given more than once are one
+                            // length (RFC 9110 section 8.6), and the request goes on with that
+                            // one value, which servers that refuse repeats accept; values that
+                            // disagree stay as they are for `validate_request` to refuse.
+                            if let Some(length) =
+                                content_length_parse_all(&request_header.headers)
+                            {
+                                request_header
+                                    .insert_header(CONTENT_LENGTH, length)
+                                    .or_err(InvalidHTTPHeader, "while parsing request header")?;
+                            }
                         }
 
                         self.buf = buf;
