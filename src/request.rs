@@ -71,7 +71,10 @@ struct Envelope<'a> {
 
 /// Reads the facts of a JSON request body.
 pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
-    let e: Envelope = serde_json::from_slice(body).map_err(|e| BodyError(e.to_string()))?;
+    // JSON is UTF-8 (RFC 8259): checked once here, so the parser need not check each string.
+    let body = std::str::from_utf8(body)
+        .map_err(|e| BodyError(format!("the body is not UTF-8 ({e}), so not JSON")))?;
+    let e: Envelope = serde_json::from_str(body).map_err(|e| BodyError(e.to_string()))?;
     let mut text = TextState::default();
     for raw in [e.messages, e.prompt, e.input].into_iter().flatten() {
         let mut de = serde_json::Deserializer::from_str(raw.get());
@@ -146,10 +149,13 @@ pub fn usage_in(tail: &[u8]) -> Option<Usage> {
     let rest = &tail[at + USAGE_KEY.len()..];
     let colon = rest.iter().position(|&b| b == b':')?;
     let value = &rest[colon + 1..];
-    serde_json::Deserializer::from_slice(value)
-        .into_iter::<Usage>()
-        .next()?
-        .ok()
+    // One value read from the front; what follows it is not looked at. The tail may end inside
+    // a character (it is cut by bytes), so only its valid UTF-8 prefix is read.
+    let value = match std::str::from_utf8(value) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&value[..e.valid_up_to()]).ok()?,
+    };
+    Usage::deserialize(&mut serde_json::Deserializer::from_str(value)).ok()
 }
 
 /// Bytes of prompt text per fingerprint block: about 16 tokens, a KV-cache block of vLLM's.
@@ -382,6 +388,16 @@ mod tests {
         assert_eq!(usage_in(sse), Some(expected));
         assert_eq!(usage_in(b"data: [DONE]\n\n"), None);
         assert_eq!(usage_in(br#"{"usage": null}"#), None);
+        // A tail cut inside a character after the usage object still gives it.
+        let mut cut = sse[..sse.len() - 16].to_vec();
+        cut.extend_from_slice(&"é".as_bytes()[..1]);
+        assert_eq!(usage_in(&cut), Some(expected));
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_named_as_such() {
+        let e = parse(b"{\"model\":\"m\xff\"}").unwrap_err();
+        assert!(e.0.contains("not UTF-8"), "{}", e.0);
     }
 
     #[test]

@@ -53,8 +53,12 @@ fn parsed(session: &Session, config: &Config) -> bool {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_none_or(|t| {
-            let t = t.trim_start().to_ascii_lowercase();
-            !(t.starts_with("multipart/") || t.starts_with("application/octet-stream"))
+            let t = t.trim_start().as_bytes();
+            let starts = |prefix: &str| {
+                t.get(..prefix.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(prefix.as_bytes()))
+            };
+            !(starts("multipart/") || starts("application/octet-stream"))
         })
 }
 
