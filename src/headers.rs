@@ -103,7 +103,16 @@ fn address(ip: IpAddr) -> HeaderValue {
 
 /// A request id: the header value sent both ways, and the text logs show.
 #[derive(Clone, PartialEq, Eq)]
-pub struct RequestId(HeaderValue);
+pub struct RequestId(HeaderValue, Origin);
+
+/// Where a request id came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The client's own header.
+    Client,
+    /// Made here: the client sent none, or one that could not be used.
+    Fresh,
+}
 
 impl RequestId {
     /// A fresh random id: 32 lowercase hex digits.
@@ -114,13 +123,16 @@ impl RequestId {
         for (i, digit) in text.iter_mut().enumerate() {
             *digit = HEX[(n >> (4 * (31 - i)) & 0xf) as usize];
         }
-        RequestId(HeaderValue::from_bytes(&text).expect("hex digits are a valid header value"))
+        RequestId(
+            HeaderValue::from_bytes(&text).expect("hex digits are a valid header value"),
+            Origin::Fresh,
+        )
     }
 
     /// A client's id, when it is one gpulb keeps: visible ASCII, 1 to 128 bytes.
     pub fn from_client(value: &HeaderValue) -> Option<RequestId> {
         let text = value.to_str().ok()?;
-        (!text.is_empty() && text.len() <= 128).then(|| RequestId(value.clone()))
+        (!text.is_empty() && text.len() <= 128).then(|| RequestId(value.clone(), Origin::Client))
     }
 
     /// The id as text.
@@ -132,6 +144,12 @@ impl RequestId {
     /// The id as a header value (shared, not copied).
     pub fn value(&self) -> HeaderValue {
         self.0.clone()
+    }
+
+    /// Whether the id was made here rather than taken from the client's header: the request
+    /// may still carry a header of that name the client sent (unusable as an id).
+    pub fn is_fresh(&self) -> bool {
+        self.1 == Origin::Fresh
     }
 
     /// Whether `values` (a request's values of the id header) say exactly this id.

@@ -2,7 +2,6 @@
 //! addresses) that the runtime uses as they are and never parses again.
 
 use super::{ApiKeys, CountRange, ModelPatterns, ServingCert, UpstreamTls};
-use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -16,8 +15,6 @@ pub struct Compiled {
     pub api_keys: Option<ApiKeys>,
     /// `request_id_header`.
     pub request_id_header: HeaderName,
-    /// `request_id_header` as written on the wire (lowercase), shared by every request.
-    pub request_id_wire: Bytes,
     /// Each backend's `url`.
     pub upstreams: Vec<Upstream>,
     /// Each class's `match`.
@@ -32,7 +29,6 @@ impl Default for Compiled {
             tenant_header: HeaderName::from_static("x-tenant"),
             api_keys: None,
             request_id_header: HeaderName::from_static("x-request-id"),
-            request_id_wire: Bytes::from_static(b"x-request-id"),
             upstreams: Vec::new(),
             class_rules: Vec::new(),
             listener_cert: None,

@@ -5,4 +5,4 @@ mod failure;
 mod state;
 
 pub use failure::{AttemptFailure, CheckFailure};
-pub use state::{now_ms, CheckStatus, Ejection, HealthState};
+pub use state::{ms_at, now_ms, CheckStatus, Ejection, HealthState};

@@ -132,7 +132,7 @@ async fn respond(session: &mut Session, ctx: &mut RequestCtx, answer: Answer) ->
     }
     resp.insert_header(http::header::CONTENT_LENGTH, answer.body.len())?;
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.value())?;
+        resp.insert_header_name(&ctx.id_header(), id.value())?;
     }
     ctx.tail.feed(&answer.body);
     ctx.first_body_byte = Some(std::time::Instant::now());

@@ -7,7 +7,6 @@ use crate::metrics::ClassMetrics;
 use crate::request::BodyFacts;
 use crate::routing::Snapshot;
 use crate::routing::{Demand, Lease, Slot};
-use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,11 +85,11 @@ impl RequestCtx {
         }
     }
 
-    /// The request id header name in force, as written on the wire.
-    pub fn id_header(&self) -> Bytes {
+    /// The request id header name in force.
+    pub fn id_header(&self) -> http::HeaderName {
         self.snapshot.as_ref().map_or_else(
-            || Bytes::from_static(b"x-request-id"),
-            |s| s.config.compiled.request_id_wire.clone(),
+            || http::HeaderName::from_static("x-request-id"),
+            |s| s.config.compiled.request_id_header.clone(),
         )
     }
 }

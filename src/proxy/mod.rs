@@ -263,18 +263,19 @@ impl ProxyHttp for Gpulb {
         // `Connection` header listed it (then it is put back).
         if let (Some(id), Some(snap)) = (&ctx.request_id, &ctx.snapshot) {
             let name = &snap.config.compiled.request_id_header;
-            if !id.is_alone_in(upstream_request.headers.get_all(name)) {
-                upstream_request.insert_header(ctx.id_header(), id.value())?;
+            // A fresh id replaces whatever the client sent under that name, unlooked at.
+            if id.is_fresh() || !id.is_alone_in(upstream_request.headers.get_all(name)) {
+                upstream_request.insert_header_name(name, id.value())?;
             }
         }
         if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
             const XFF: http::HeaderName = http::HeaderName::from_static(headers::X_FORWARDED_FOR);
             let chain = headers::forwarded_for(upstream_request.headers.get(XFF), client.ip());
-            upstream_request.insert_header(headers::X_FORWARDED_FOR, chain)?;
+            upstream_request.insert_header_name(&XFF, chain)?;
         }
+        const XFP: http::HeaderName = http::HeaderName::from_static(headers::X_FORWARDED_PROTO);
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        upstream_request
-            .insert_header(headers::X_FORWARDED_PROTO, headers::forwarded_proto(tls))?;
+        upstream_request.insert_header_name(&XFP, headers::forwarded_proto(tls))?;
         Ok(())
     }
 
@@ -301,7 +302,7 @@ impl ProxyHttp for Gpulb {
             ctx.outcome_reported = true;
         }
         if let Some(id) = &ctx.request_id {
-            upstream_response.insert_header(ctx.id_header(), id.value())?;
+            upstream_response.insert_header_name(&ctx.id_header(), id.value())?;
         }
         Ok(())
     }

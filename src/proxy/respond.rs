@@ -24,7 +24,7 @@ pub async fn respond_error(
         resp.insert_header("retry-after", seconds.to_string())?;
     }
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.value())?;
+        resp.insert_header_name(&ctx.id_header(), id.value())?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
@@ -59,7 +59,7 @@ pub async fn respond_models(
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len().to_string())?;
     if let Some(id) = &ctx.request_id {
-        resp.insert_header(ctx.id_header(), id.value())?;
+        resp.insert_header_name(&ctx.id_header(), id.value())?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await

@@ -5,8 +5,9 @@ use super::placement::{Affinity, Choice, PoolSpeeds};
 use super::prefix::rendezvous;
 use super::{Class, Grant, Lease, ModelRoute, Pool, Snapshot};
 use crate::config::Guards;
-use crate::health::{now_ms, AttemptFailure};
+use crate::health::{ms_at, now_ms, AttemptFailure};
 use crate::telemetry::{is_fresh, OthersAtRead};
+use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -86,10 +87,12 @@ impl Snapshot {
     ) -> Result<Lease, Miss> {
         let pool = self.pools.get(pool).ok_or(Miss::Full)?;
         let members = &pool.members;
-        let (now_ms, now) = (now_ms(), Instant::now());
+        let now = Instant::now();
+        let now_ms = ms_at(now);
         let queued = class.state.queues.depth();
         let claim = RoomClaim::of(class, queued);
-        let mut candidates: Vec<Candidate> = members
+        // Gathered on the stack for the usual pool (up to 16 backends): no allocation.
+        let mut candidates: SmallVec<[Candidate; 16]> = members
             .iter()
             .map(|&i| {
                 let mut c = self.candidate(i, guards, class, claim, now_ms, now);
@@ -237,7 +240,8 @@ impl Snapshot {
         let Some(pool) = self.pools.get(c.pool) else {
             return false;
         };
-        let (now_ms, now) = (now_ms(), Instant::now());
+        let now = Instant::now();
+        let now_ms = ms_at(now);
         pool.members.iter().any(|&i| {
             self.backends[i].state.models.admits(route)
                 && self

@@ -95,7 +95,6 @@ impl Config {
             (Some(tenant_header), Some(request_id_header)) if report.0.is_empty() => Ok(Compiled {
                 tenant_header,
                 api_keys,
-                request_id_wire: wire_name(&request_id_header),
                 request_id_header,
                 upstreams,
                 class_rules,
@@ -212,11 +211,6 @@ impl Config {
 }
 
 /// `name` as pingora writes a header it is given by `HeaderName`, made once for every request.
-fn wire_name(name: &HeaderName) -> bytes::Bytes {
-    use pingora::http::IntoCaseHeaderName;
-    bytes::Bytes::copy_from_slice(name.into_case_header_name().as_slice())
-}
-
 fn validate_backends<'a>(
     backends: &'a [BackendConfig],
     discovering: bool,

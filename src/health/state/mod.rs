@@ -10,8 +10,14 @@ use std::time::{Duration, Instant};
 
 /// Milliseconds since the process's first call: a cheap monotonic clock for ejection deadlines.
 pub fn now_ms() -> u64 {
+    ms_at(Instant::now())
+}
+
+/// [`now_ms`] as of `now`, for a caller that has read the clock already.
+pub fn ms_at(now: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+    now.saturating_duration_since(*EPOCH.get_or_init(Instant::now))
+        .as_millis() as u64
 }
 
 /// Result of active checking.
