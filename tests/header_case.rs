@@ -5,56 +5,13 @@
 
 mod common;
 
-use common::{message_len, Backend, Config, Proxy, Raw, WAIT};
-use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use common::{recording_backend, Backend, Config, Proxy, Raw, ReceivedLog};
 
 /// What the backend answers: a header of its own in mixed case.
 const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Engine-Name: sim\r\nContent-Length: 11\r\n\r\n{\"ok\":true}";
 
 /// What the client sends: headers of its own in mixed case, one of them twice.
 const REQUEST: &[u8] = b"POST /v1/completions HTTP/1.1\r\nHost: gpulb.test\r\nContent-Type: application/json\r\nX-Trace-Token: abc\r\nX-Trace-Token: def\r\nContent-Length: 2\r\n\r\n{}";
-
-/// The requests a backend received, as read (but gpulb's `GET /v1/models`).
-type Seen = Arc<Mutex<Vec<String>>>;
-
-/// A backend that answers every request with [`ANSWER`] and notes what it received.
-async fn recording_backend() -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(serve(socket, Arc::clone(&record)));
-        }
-    });
-    (format!("http://{addr}"), seen)
-}
-
-async fn serve(mut socket: TcpStream, seen: Seen) {
-    let mut pending = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match tokio::time::timeout(WAIT, socket.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            _ => return,
-        };
-        pending.extend_from_slice(&buf[..n]);
-        while let Some(len) = message_len(&pending) {
-            let request: Vec<u8> = pending.drain(..len).collect();
-            if !request.starts_with(b"GET /v1/models ") {
-                seen.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&request).into_owned());
-            }
-            if socket.write_all(ANSWER).await.is_err() {
-                return;
-            }
-        }
-    }
-}
 
 /// Sends [`REQUEST`] through a gpulb whose config is `preserve`, and returns what the backend
 /// received and what the client got back.
@@ -65,7 +22,14 @@ async fn round_trip(preserve: Option<bool>) -> (String, String) {
 /// Sends `request` through a gpulb whose config is `preserve`, and returns what the backend
 /// received and what the client got back.
 async fn round_trip_of(request: &[u8], preserve: Option<bool>) -> (String, String) {
-    let (url, seen) = recording_backend().await;
+    let (proxy, received, _) = start(preserve).await;
+    exchange(&proxy, &received, request).await
+}
+
+/// A gpulb in front of a [`recording_backend`] answering [`ANSWER`], with
+/// `preserve_header_case` set to `preserve` (left out for `None`), and its config.
+async fn start(preserve: Option<bool>) -> (Proxy, ReceivedLog, Config) {
+    let (url, received) = recording_backend(ANSWER).await;
     let mut config = Config::new().backend(
         Backend::at("b0", &url)
             .unchecked()
@@ -74,14 +38,20 @@ async fn round_trip_of(request: &[u8], preserve: Option<bool>) -> (String, Strin
     if let Some(preserve) = preserve {
         config = config.set("preserve_header_case", preserve);
     }
-    let proxy = Proxy::start(config).await;
+    (Proxy::start(config.clone()).await, received, config)
+}
+
+/// Sends `request` on a new connection to `proxy`: what the backend received for it, and what
+/// the client got back.
+async fn exchange(proxy: &Proxy, received: &ReceivedLog, request: &[u8]) -> (String, String) {
+    let before = received.lock().unwrap().len();
     let mut client = Raw::connect(&proxy.url).await;
     client.send(request).await;
     let answer = client.answer().await;
     assert_eq!(answer.status, 200, "{}", answer.text);
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1, "the backend saw {seen:?}");
-    (seen[0].clone(), answer.text)
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), before + 1, "the backend saw {received:?}");
+    (received[before].text(), answer.text)
 }
 
 fn header_lines(message: &str) -> Vec<&str> {
@@ -160,4 +130,38 @@ async fn a_content_length_repeated_with_one_value_goes_on_once() {
         );
         assert!(answered.ends_with("{\"ok\":true}"), "{answered}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preserve_header_case_takes_effect_on_reload() {
+    let (proxy, received, config) = start(None).await;
+    let (forwarded, _) = exchange(&proxy, &received, REQUEST).await;
+    assert!(forwarded.contains("x-trace-token: abc"), "{forwarded}");
+    proxy.rewrite_config(config.set("preserve_header_case", true));
+    proxy.wait_generation(2).await;
+    let (forwarded, answered) = exchange(&proxy, &received, REQUEST).await;
+    assert!(forwarded.contains("X-Trace-Token: abc"), "{forwarded}");
+    assert!(answered.contains("X-Engine-Name: sim"), "{answered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_request_id_gpulb_cannot_use_is_replaced_by_one_of_its_own_sent_once() {
+    let (proxy, received, _) = start(None).await;
+    let unusable = "x".repeat(200);
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: gpulb.test\r\nX-Request-Id: {unusable}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    let (forwarded, answered) = exchange(&proxy, &received, request.as_bytes()).await;
+    let ids: Vec<&str> = header_lines(&forwarded)
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("x-request-id: "))
+        .collect();
+    assert_eq!(ids.len(), 1, "{forwarded}");
+    assert_eq!(ids[0].len(), 32, "not gpulb's own id: {forwarded}");
+    assert!(!forwarded.contains(&unusable), "{forwarded}");
+    assert!(
+        answered.contains(&format!("x-request-id: {}", ids[0])),
+        "{answered}"
+    );
 }

@@ -8,66 +8,28 @@
 
 mod common;
 
-use common::{message_len, Backend, Config, Proxy, Req, WAIT};
+use common::{message_len, recording_backend, Backend, Config, Proxy, Req, WAIT};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// For each request a backend answered (gpulb's `GET /v1/models` aside): the number of the
-/// connection it came on.
-type Seen = Arc<Mutex<Vec<usize>>>;
-
-/// A backend that answers every request with `answer` and then leaves the connection open
-/// (even after `Connection: close`, so that a request gpulb should not have sent on it would
-/// still arrive and be counted).
-async fn backend(answer: &'static [u8]) -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = Arc::clone(&seen);
-    tokio::spawn(async move {
-        let mut connection = 0;
-        while let Ok((socket, _)) = listener.accept().await {
-            connection += 1;
-            tokio::spawn(serve(socket, connection, answer, Arc::clone(&record)));
-        }
-    });
-    (format!("http://{addr}"), seen)
-}
-
-async fn serve(mut socket: TcpStream, connection: usize, answer: &[u8], seen: Seen) {
-    let mut pending = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match tokio::time::timeout(WAIT, socket.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            _ => return,
-        };
-        pending.extend_from_slice(&buf[..n]);
-        while let Some(len) = message_len(&pending) {
-            let request: Vec<u8> = pending.drain(..len).collect();
-            if !request.starts_with(b"GET /v1/models ") {
-                seen.lock().unwrap().push(connection);
-            }
-            if socket.write_all(answer).await.is_err() {
-                return;
-            }
-        }
-    }
-}
+use tokio::net::TcpListener;
 
 /// Sends `requests` of `req` one after the other through a proxy in front of a backend that
 /// answers `answer`; the connection number of each request as the backend saw it.
 async fn connections_used(answer: &'static [u8], req: Req, requests: usize) -> Vec<usize> {
-    let (url, seen) = backend(answer).await;
+    let (url, received) = recording_backend(answer).await;
     let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
     for _ in 0..requests {
         let got = proxy.send(&req).await;
         assert_eq!(got.status, 200, "{}", got.body);
     }
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), requests, "{seen:?}");
-    seen
+    let connections: Vec<usize> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.connection)
+        .collect();
+    assert_eq!(connections.len(), requests, "{connections:?}");
+    connections
 }
 
 fn distinct(connections: &[usize]) -> usize {
@@ -178,6 +140,10 @@ async fn closing_backend(close_after: Option<std::time::Duration>) -> (String, S
     });
     (format!("http://{addr}"), seen, closed)
 }
+
+/// For each request a [`closing_backend`] answered (gpulb's `GET /v1/models` aside): the number
+/// of the connection it came on.
+type Seen = Arc<Mutex<Vec<usize>>>;
 
 /// Connections a backend saw closed by gpulb, with how long after their last answer.
 type Closed = Arc<Mutex<Vec<(usize, std::time::Duration)>>>;

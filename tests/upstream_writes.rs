@@ -4,60 +4,14 @@
 
 mod common;
 
-use common::{message_len, Backend, Config, Proxy, Req, WAIT};
-use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use common::{recording_backend, Backend, Config, Proxy, Req};
 
 const ANSWER: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
 
-/// For each request a backend received: the reads that carried it, and the request as read.
-type Seen = Arc<Mutex<Vec<(usize, Vec<u8>)>>>;
-
-/// A backend that answers every request with a small JSON 200 and keeps the connection, and
-/// notes how many socket reads each request took (but gpulb's `GET /v1/models`).
-async fn counting_backend() -> (String, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(serve(socket, Arc::clone(&record)));
-        }
-    });
-    (format!("http://{addr}"), seen)
-}
-
-async fn serve(mut socket: TcpStream, seen: Seen) {
-    let mut pending = Vec::new();
-    let mut reads = 0;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match tokio::time::timeout(WAIT, socket.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            _ => return,
-        };
-        reads += 1;
-        pending.extend_from_slice(&buf[..n]);
-        while let Some(len) = message_len(&pending) {
-            let request: Vec<u8> = pending.drain(..len).collect();
-            // gpulb's own model discovery is not one of the test's requests.
-            if !request.starts_with(b"GET /v1/models ") {
-                seen.lock().unwrap().push((reads, request));
-            }
-            reads = 0;
-            if socket.write_all(ANSWER).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_request_with_a_held_body_reaches_the_backend_in_one_read() {
-    let (url, seen) = counting_backend().await;
+    let (url, seen) = recording_backend(ANSWER).await;
     let config = Config::new().backend(
         Backend::at("b0", &url)
             .unchecked()
@@ -75,14 +29,14 @@ async fn each_request_with_a_held_body_reaches_the_backend_in_one_read() {
         REQUESTS,
         "the backend saw another number of requests"
     );
-    for (reads, request) in &seen {
-        let text = String::from_utf8_lossy(request);
+    for request in &seen {
+        let (reads, text) = (request.reads, request.text());
         assert!(
             text.ends_with(&common::completion(5, false)),
             "the body did not arrive whole: {text}"
         );
         assert_eq!(
-            *reads, 1,
+            reads, 1,
             "a request came in {reads} reads (header and body written apart): {text}"
         );
     }
@@ -90,7 +44,7 @@ async fn each_request_with_a_held_body_reaches_the_backend_in_one_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_a_body_and_with_an_empty_one_still_go_through() {
-    let (url, seen) = counting_backend().await;
+    let (url, seen) = recording_backend(ANSWER).await;
     let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
     let get = proxy.send(&Req::get("/v1/anything")).await;
     assert_eq!(get.status, 200, "{}", get.body);
@@ -98,15 +52,15 @@ async fn requests_without_a_body_and_with_an_empty_one_still_go_through() {
     assert_eq!(empty.status, 200, "{}", empty.body);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
-    assert!(String::from_utf8_lossy(&seen[0].1).starts_with("GET /v1/anything"));
-    assert!(String::from_utf8_lossy(&seen[1].1).starts_with("POST /v1/anything"));
+    assert!(seen[0].text().starts_with("GET /v1/anything"));
+    assert!(seen[1].text().starts_with("POST /v1/anything"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_streamed_unread_arrives_whole_after_its_header() {
     // Over `request_body.max_bytes` with `over_limit: forward`, the body is not held: the
     // header waits for its first piece and the rest follows as the client sends it.
-    let (url, seen) = counting_backend().await;
+    let (url, seen) = recording_backend(ANSWER).await;
     let config = Config::new()
         .backend(Backend::at("b0", &url).unchecked())
         .set("request_body", "{max_bytes: 1024, over_limit: forward}");
@@ -119,12 +73,12 @@ async fn a_body_streamed_unread_arrives_whole_after_its_header() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
-    assert!(String::from_utf8_lossy(&seen[0].1).ends_with(&body));
+    assert!(seen[0].text().ends_with(&body));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_expecting_100_continue_is_not_held() {
-    let (url, seen) = counting_backend().await;
+    let (url, seen) = recording_backend(ANSWER).await;
     let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
     let body = common::completion(5, false);
     let answer = proxy
@@ -137,5 +91,5 @@ async fn a_request_expecting_100_continue_is_not_held() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
-    assert!(String::from_utf8_lossy(&seen[0].1).ends_with(&body));
+    assert!(seen[0].text().ends_with(&body));
 }

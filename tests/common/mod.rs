@@ -7,12 +7,14 @@
 mod config;
 mod proxy;
 mod raw;
+mod recording;
 mod requests;
 mod tls;
 
 pub use config::{Backend, Class, Config, Pool};
 pub use proxy::{backend_field, class_field, metric, Proxy};
 pub use raw::{message_len, Raw, RawAnswer};
+pub use recording::{recording_backend, Received, ReceivedLog};
 pub use requests::{completion, served_by, worker_of, Answer, Req};
 pub use tls::{https_client, tls_connect, Issued, TestCa, TlsFront};
 

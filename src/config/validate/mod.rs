@@ -210,7 +210,6 @@ impl Config {
     }
 }
 
-/// `name` as pingora writes a header it is given by `HeaderName`, made once for every request.
 fn validate_backends<'a>(
     backends: &'a [BackendConfig],
     discovering: bool,
