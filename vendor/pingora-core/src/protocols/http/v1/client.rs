@@ -116,24 +116,33 @@ struct ResponseFacts {
 }
 
 impl ResponseFacts {
+    /// gpulb's patch: one pass over the (few) response fields instead of three hashed lookups,
+    /// one of them by a name parsed from a string each time. The first field of each name counts,
+    /// as `HeaderMap::get` answers.
     fn of(header: &ResponseHeader) -> Self {
+        let (mut transfer_encoding, mut connection, mut keep_alive) = (false, None, None);
+        for (name, value) in header.headers.iter() {
+            if name == header::TRANSFER_ENCODING {
+                transfer_encoding = true;
+            } else if name == header::CONNECTION {
+                connection = connection.or(Some(value));
+            } else if name.as_str() == "keep-alive" {
+                keep_alive = keep_alive.or(Some(value));
+            }
+        }
         ResponseFacts {
             status: header.status,
             version: header.version,
-            transfer_encoding: header.headers.contains_key(header::TRANSFER_ENCODING),
-            connection_keepalive: is_buf_keepalive(header.headers.get(header::CONNECTION)),
-            keepalive_values: keepalive_values(header),
+            transfer_encoding,
+            connection_keepalive: is_buf_keepalive(connection),
+            keepalive_values: keep_alive.map_or((None, None), keepalive_values),
         }
     }
 }
 
 /// `Keep-Alive: timeout=5, max=1000` => 5, 1000 (pingora's parsing, moved out of the session by
 /// gpulb's patch so that it also serves [`ResponseFacts`]).
-fn keepalive_values(header: &ResponseHeader) -> (Option<u64>, Option<usize>) {
-    let Some(keep_alive_header) = header.headers.get("Keep-Alive") else {
-        return (None, None);
-    };
-
+fn keepalive_values(keep_alive_header: &HeaderValue) -> (Option<u64>, Option<usize>) {
     let Ok(header_value) = str::from_utf8(keep_alive_header.as_bytes()) else {
         return (None, None);
     };
