@@ -69,7 +69,7 @@ pub async fn batch(
     let (reply, answer) = oneshot::channel();
     let member = Member {
         input,
-        tenant: ctx.tenant.clone(),
+        tenant: ctx.tenant.to_string(),
         body: ctx.held_body.clone().unwrap_or_default(),
         reply,
     };

@@ -13,6 +13,7 @@
 //! forwarded exactly as received. A chunked body has no known end, so it is held only up to the
 //! buffer's size.
 
+use super::heads::BodyHeads;
 use crate::config::{Config, OverLimit};
 use crate::error::ProxyError;
 use crate::request::{self, BodyError, BodyFacts};
@@ -42,45 +43,25 @@ pub enum Body {
 }
 
 /// Whether `config` has gpulb parse the body of this request: a configured path, and a content
-/// type that can be JSON (clients such as `curl -d` label JSON as a form; uploads are skipped).
-fn parsed(session: &Session, config: &Config) -> bool {
-    let req = session.req_header();
-    let path = req.uri.path();
-    if !config.request_body.paths.iter().any(|p| p == path) {
-        return false;
-    }
-    req.headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_none_or(|t| {
-            let t = t.trim_start().as_bytes();
-            let starts = |prefix: &str| {
-                t.get(..prefix.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(prefix.as_bytes()))
-            };
-            !(starts("multipart/") || starts("application/octet-stream"))
-        })
+/// type that can be JSON (`heads`).
+fn parsed(session: &Session, config: &Config, heads: BodyHeads) -> bool {
+    let path = session.req_header().uri.path();
+    heads.may_be_json && config.request_body.paths.iter().any(|p| p == path)
 }
 
-/// The `Content-Length` of the request, when it has one (else it is chunked).
-fn content_length(session: &Session) -> Option<usize> {
-    session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// Reads the body of a request `config` wants read. `Ok(Err(..))` is an answer for the client
-/// (413, 408); `Err` is a failure of the client connection.
-pub async fn read(session: &mut Session, config: &Config) -> Result<Result<Body, ProxyError>> {
+/// Reads the body of a request `config` wants read, framed as `heads` says. `Ok(Err(..))` is an
+/// answer for the client (413, 408); `Err` is a failure of the client connection.
+pub async fn read(
+    session: &mut Session,
+    config: &Config,
+    heads: BodyHeads,
+) -> Result<Result<Body, ProxyError>> {
     if session.as_downstream_mut().is_body_empty() {
         return Ok(Ok(Body::Unread));
     }
-    let parse = parsed(session, config);
+    let parse = parsed(session, config, heads);
     let max = config.request_body.max_bytes;
-    let length = content_length(session);
+    let length = heads.content_length;
     match length {
         Some(size) if size > max => {
             return Ok(match config.request_body.over_limit {

@@ -7,6 +7,7 @@ use crate::metrics::ClassMetrics;
 use crate::request::BodyFacts;
 use crate::routing::Snapshot;
 use crate::routing::{Demand, Lease, Slot};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +18,8 @@ pub struct RequestCtx {
     pub(crate) snapshot: Option<Arc<Snapshot>>,
     /// Index of its class in the snapshot.
     pub(crate) class: usize,
-    /// Its tenant (the tenant header's value, or `default`).
-    pub(crate) tenant: String,
+    /// Its tenant (the tenant header's value, or `default`); the built-in names unallocated.
+    pub(crate) tenant: Cow<'static, str>,
     /// Counts the request against its class.
     pub(crate) class_slot: Option<Slot>,
     /// Counts the request against its tenant in the class queue's books.

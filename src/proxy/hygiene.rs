@@ -5,15 +5,19 @@ use pingora::http::RequestHeader;
 
 /// Why `req` is not a request gpulb forwards: an HTTP/1.1 request must name its `Host`
 /// (RFC 9112 §3.2); a backend or a virtual-host router behind gpulb must not guess it.
-pub fn malformed(req: &RequestHeader) -> Option<ProxyError> {
-    let missing_host =
-        req.version == http::Version::HTTP_11 && !req.headers.contains_key(http::header::HOST);
+/// `has_host` says whether it has a `Host` field.
+pub fn malformed(req: &RequestHeader, has_host: bool) -> Option<ProxyError> {
+    let missing_host = req.version == http::Version::HTTP_11 && !has_host;
     missing_host.then(|| ProxyError::BadRequest("an HTTP/1.1 request needs a Host header".into()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn malformed(req: &RequestHeader) -> Option<ProxyError> {
+        super::malformed(req, req.headers.contains_key(http::header::HOST))
+    }
 
     #[test]
     fn http11_without_host_is_malformed_and_http10_is_not() {

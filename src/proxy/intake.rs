@@ -3,6 +3,7 @@
 
 use super::body::{self, Body};
 use super::ctx::RequestCtx;
+use super::heads::BodyHeads;
 use crate::error::ProxyError;
 use crate::request::BodyFacts;
 use crate::routing::classify::{BodyView, Envelope};
@@ -23,15 +24,17 @@ fn rewrite_model(ctx: &mut RequestCtx, model: &str) {
     }
 }
 
-/// Fills `ctx` with the request's body, facts, class and model route; the error to answer
-/// when the body or the model is refused. `Err` is a failure of the client connection.
+/// Fills `ctx` with the request's body (framed as `heads` says), facts, class and model route;
+/// the error to answer when the body or the model is refused. `Err` is a failure of the client
+/// connection.
 pub async fn intake(
     session: &mut Session,
     ctx: &mut RequestCtx,
     snapshot: &Snapshot,
+    heads: BodyHeads,
 ) -> Result<Option<ProxyError>> {
     let config = &snapshot.config;
-    let read = body::read(session, config).await?;
+    let read = body::read(session, config, heads).await?;
     let (body_error, refusal) = match read {
         Ok(Body::Unread) => (None, None),
         Ok(Body::Buffered(bytes)) => {

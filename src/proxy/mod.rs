@@ -11,6 +11,7 @@ mod blame;
 mod body;
 mod ctx;
 mod finish;
+mod heads;
 mod hygiene;
 mod intake;
 mod respond;
@@ -28,6 +29,7 @@ use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
 use crate::routing::{ModelInfo, Registry, Snapshot};
 use async_trait::async_trait;
+use heads::Heads;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -96,12 +98,13 @@ impl ProxyHttp for Gpulb {
         crate::connections::mark_active(session);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
-        ctx.request_id = Some(request_id(
-            session.req_header(),
-            &compiled.request_id_header,
-        ));
+        let heads = Heads::of(session.req_header(), compiled);
+        ctx.request_id = Some(request_id(heads.request_id));
         ctx.snapshot = Some(Arc::clone(&snapshot));
-        match tenant::identify(session.req_header(), compiled, &snapshot.config.tenants) {
+        let tenant = tenant::identify(&heads, compiled, &snapshot.config.tenants);
+        let malformed = hygiene::malformed(session.req_header(), heads.host);
+        let body_heads = heads.body();
+        match tenant {
             Ok(tenant) => ctx.tenant = tenant,
             Err(error) => return refuse(session, ctx, error).await,
         }
@@ -114,7 +117,7 @@ impl ProxyHttp for Gpulb {
                 return refuse(session, ctx, ProxyError::ShuttingDown).await;
             }
         }
-        if let Some(error) = hygiene::malformed(session.req_header()) {
+        if let Some(error) = malformed {
             session.set_keepalive(None);
             return refuse(session, ctx, error).await;
         }
@@ -122,7 +125,7 @@ impl ProxyHttp for Gpulb {
             respond_models(session, ctx, &models).await?;
             return Ok(true);
         }
-        let refused = intake::intake(session, ctx, &snapshot).await?;
+        let refused = intake::intake(session, ctx, &snapshot, body_heads).await?;
         // A body streamed past this point (chunked, or over the read limit) is bounded per read.
         session
             .as_downstream_mut()

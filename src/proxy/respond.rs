@@ -5,8 +5,8 @@ use crate::error::ProxyError;
 use crate::headers::RequestId;
 use crate::routing::ModelInfo;
 use bytes::Bytes;
-use http::HeaderName;
-use pingora::http::{RequestHeader, ResponseHeader};
+use http::HeaderValue;
+use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -65,11 +65,10 @@ pub async fn respond_models(
     session.write_response_body(Some(body), true).await
 }
 
-/// The client's request id (up to 128 bytes) or a fresh one; `upstream_request_filter` sends
-/// it on.
-pub fn request_id(req: &RequestHeader, id_header: &HeaderName) -> RequestId {
-    req.headers
-        .get(id_header)
+/// The client's request id (`client`, the request id field's value: up to 128 bytes) or a
+/// fresh one; `upstream_request_filter` sends it on.
+pub fn request_id(client: Option<&HeaderValue>) -> RequestId {
+    client
         .and_then(RequestId::from_client)
         .unwrap_or_else(RequestId::fresh)
 }

@@ -2,10 +2,11 @@
 //! credential never becomes a tenant name as it is: it would be written to the access log and
 //! to metrics labels.
 
+use super::heads::Heads;
 use crate::config::{Compiled, TenantSource, TenantsConfig};
 use crate::error::ProxyError;
-use http::HeaderName;
-use pingora::http::RequestHeader;
+use http::{HeaderName, HeaderValue};
+use std::borrow::Cow;
 
 /// Tenant of requests that name none.
 const DEFAULT_TENANT: &str = "default";
@@ -27,13 +28,9 @@ pub fn hashed_id(secret: &str) -> String {
     format!("key-{}", &crate::reload::text_hash(secret)[..12])
 }
 
-/// The API key of `req`: `Authorization: Bearer <key>`.
-fn bearer(req: &RequestHeader) -> Option<&str> {
-    let value = req
-        .headers
-        .get(http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
+/// The API key of a request whose `Authorization` is `authorization`: `Bearer <key>`.
+fn bearer(authorization: Option<&HeaderValue>) -> Option<&str> {
+    let value = authorization?.to_str().ok()?;
     let (scheme, key) = value.trim().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -44,32 +41,31 @@ fn bearer(req: &RequestHeader) -> Option<&str> {
 /// The tenant of `req`, or the 401 to answer when tenants come from API keys and `req` has no
 /// known key while `tenants.reject_unknown` is set.
 pub fn identify(
-    req: &RequestHeader,
+    heads: &Heads,
     compiled: &Compiled,
     tenants: &TenantsConfig,
-) -> Result<String, ProxyError> {
+) -> Result<Cow<'static, str>, ProxyError> {
     if tenants.from == TenantSource::ApiKey {
         let known = compiled
             .api_keys
             .as_ref()
-            .zip(bearer(req))
+            .zip(bearer(heads.authorization))
             .and_then(|(keys, key)| keys.tenant(key));
         return match known {
-            Some(tenant) => Ok(tenant.to_string()),
+            Some(tenant) => Ok(Cow::Owned(tenant.to_string())),
             None if tenants.reject_unknown => Err(ProxyError::Unauthorized),
-            None => Ok(UNKNOWN_TENANT.to_string()),
+            None => Ok(Cow::Borrowed(UNKNOWN_TENANT)),
         };
     }
-    let value = req
-        .headers
-        .get(&compiled.tenant_header)
+    let value = heads
+        .tenant
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
     Ok(match value {
-        Some(secret) if is_credential(&compiled.tenant_header) => hashed_id(secret),
-        Some(name) if name.len() <= MAX_TENANT_LEN => name.to_string(),
-        _ => DEFAULT_TENANT.to_string(),
+        Some(secret) if is_credential(&compiled.tenant_header) => Cow::Owned(hashed_id(secret)),
+        Some(name) if name.len() <= MAX_TENANT_LEN => Cow::Owned(name.to_string()),
+        _ => Cow::Borrowed(DEFAULT_TENANT),
     })
 }
 
@@ -77,6 +73,16 @@ pub fn identify(
 mod tests {
     use super::*;
     use crate::config::ApiKeys;
+    use pingora::http::RequestHeader;
+
+    /// `identify` as the proxy calls it, on the fields of `req`.
+    fn identify(
+        req: &RequestHeader,
+        compiled: &Compiled,
+        tenants: &TenantsConfig,
+    ) -> Result<String, ProxyError> {
+        super::identify(&Heads::of(req, compiled), compiled, tenants).map(Cow::into_owned)
+    }
 
     fn request(headers: &[(&str, &str)]) -> RequestHeader {
         let mut req = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
