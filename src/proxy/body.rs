@@ -102,6 +102,11 @@ pub async fn read(
             }));
         }
         held.extend_from_slice(&chunk);
+        // All of the announced length is in and pingora has marked the body done: the read that
+        // would answer `None` is not needed.
+        if length == Some(held.len()) && session.is_body_done() {
+            break;
+        }
     }
     let bytes = held.freeze();
     if !parse {
