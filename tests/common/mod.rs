@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 /// Longest a test waits for a state it expects soon: a count reaching a value, a health or
 /// reload change, a telemetry reading, the proxy listening. Spent only when something is wrong.
 pub const WAIT: Duration = Duration::from_secs(15);
+/// How long a started gpulb may take to listen: longer than [`WAIT`], since a first launch on a
+/// loaded 2-core machine (the suite runs many tests at once) has been seen to pass 15 s.
+pub const START_WAIT: Duration = Duration::from_secs(45);
 /// Longest a background loop (poller, agent) may take to end once told to stop.
 pub const STOP: Duration = Duration::from_secs(2);
 /// Longest one headless-browser page dump may take, browser start included.

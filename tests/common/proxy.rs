@@ -1,6 +1,6 @@
 //! The real `gpulb serve` process on free loopback ports, and waits on its `/status`.
 
-use super::{eventually, free_port, Killed, WAIT};
+use super::{eventually, free_port, Killed, START_WAIT, WAIT};
 use serde_json::Value;
 use std::fmt::Display;
 use std::net::SocketAddr;
@@ -75,7 +75,7 @@ impl Proxy {
             header,
         };
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        eventually(WAIT, "gpulb to listen", || async {
+        eventually(START_WAIT, "gpulb to listen", || async {
             let up = tokio::net::TcpStream::connect(addr).await.is_ok();
             let status = reqwest::get(format!("{}/status", proxy.admin)).await.ok()?;
             (up && status.status().is_success()).then_some(())
