@@ -1,13 +1,17 @@
 //! Facts read once per request from its JSON body (OpenAI style): the model, whether it
 //! streams, how many tokens it may generate, and an estimate of its prompt's tokens.
 //!
-//! Only the top-level fields needed are parsed; the prompt's text is measured, never copied, and
-//! the body itself is forwarded as received.
+//! Only the top-level fields needed are parsed, by a strict scanner of gpulb's own ([`scan`]:
+//! serde_json's grammar, 16 bytes a step through strings); the prompt's text is measured
+//! and fingerprinted ([`prefix`]), never copied, and the body itself is forwarded as received.
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
+mod prefix;
+mod scan;
+
+use prefix::{PrefixHasher, SEPARATOR};
+pub use prefix::{MAX_PREFIX_BLOCKS, PREFIX_BLOCK};
+use scan::{Number, Scan, ScanError};
 use std::borrow::Cow;
-use std::fmt;
 
 /// Bytes of prompt text counted as one token: the usual rule of thumb for English and code.
 pub const BYTES_PER_TOKEN: u64 = 4;
@@ -46,18 +50,8 @@ impl BodyFacts {
 #[error("request body is not a JSON object of an OpenAI-style request: {0}")]
 pub struct BodyError(String);
 
-/// The top-level fields read besides the prompt's; everything else is skipped unparsed.
-#[derive(Default)]
-struct Envelope {
-    model: Option<String>,
-    stream: Option<bool>,
-    max_tokens: Option<u64>,
-    max_completion_tokens: Option<u64>,
-    max_output_tokens: Option<u64>,
-    n: Option<u64>,
-}
-
-/// The top-level keys read: the envelope's, then the prompt's.
+/// The top-level keys read: the envelope's, then the prompt's. Everything else is skipped
+/// (its grammar checked, nothing built).
 const FIELDS: [&str; 9] = [
     "model",
     "stream",
@@ -70,66 +64,49 @@ const FIELDS: [&str; 9] = [
     "input",
 ];
 
-/// Parses the top-level object once: the envelope's fields typed, the prompt's (`messages`,
-/// `prompt`, `input`, in the order the body gives them) walked by [`TextSeed`] where they lie,
-/// so their text is scanned once, not skipped and then parsed again. A key given twice is an
-/// error, as for a derived struct.
-struct EnvelopeSeed<'s>(&'s mut TextState);
-
-impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
-    type Value = Envelope;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Envelope, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
-    type Value = Envelope;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
-        let mut e = Envelope::default();
-        let mut seen = [false; FIELDS.len()];
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            let Some(index) = FIELDS.iter().position(|f| *f == key) else {
-                map.next_value::<IgnoredAny>()?;
-                continue;
-            };
-            if std::mem::replace(&mut seen[index], true) {
-                return Err(de::Error::duplicate_field(FIELDS[index]));
-            }
-            match index {
-                0 => e.model = map.next_value()?,
-                1 => e.stream = map.next_value()?,
-                2 => e.max_tokens = map.next_value()?,
-                3 => e.max_completion_tokens = map.next_value()?,
-                4 => e.max_output_tokens = map.next_value()?,
-                5 => e.n = map.next_value()?,
-                _ => map.next_value_seed(TextSeed(&mut *self.0))?,
-            }
-        }
-        Ok(e)
-    }
+/// The top-level fields read besides the prompt's.
+#[derive(Default)]
+struct Envelope {
+    model: Option<String>,
+    stream: Option<bool>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+    n: Option<u64>,
 }
 
 /// Reads the facts of a JSON request body.
 pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
-    // JSON is UTF-8 (RFC 8259): checked once here, so the parser need not check each string.
-    let body = std::str::from_utf8(body)
-        .map_err(|e| BodyError(format!("the body is not UTF-8 ({e}), so not JSON")))?;
-    let mut text = TextState::default();
-    // Room for every block the body could hold, so the fingerprint never grows while walked.
-    text.prefix.hashes = Vec::with_capacity((body.len() / PREFIX_BLOCK).min(MAX_PREFIX_BLOCKS));
-    text.prefix.block = Vec::with_capacity(PREFIX_BLOCK);
-    let mut de = serde_json::Deserializer::from_str(body);
-    let e = EnvelopeSeed(&mut text)
-        .deserialize(&mut de)
-        .and_then(|e| de.end().map(|()| e))
-        .map_err(|e| BodyError(e.to_string()))?;
+    let mut scan = Scan::new(body);
+    let mut envelope = Envelope::default();
+    let mut text = TextState {
+        bytes: 0,
+        prefix: PrefixHasher::for_body(body.len()),
+    };
+    let mut seen = [false; FIELDS.len()];
+    scan.object(0, |scan, key, depth| {
+        let Some(index) = key.one_of(&FIELDS) else {
+            return scan.skip(depth);
+        };
+        if std::mem::replace(&mut seen[index], true) {
+            return Err(scan.error(format!("duplicate field `{}`", FIELDS[index])));
+        }
+        let field = FIELDS[index];
+        let e = &mut envelope;
+        match index {
+            0 => e.model = optional_string(scan, field)?,
+            1 => e.stream = optional_bool(scan, field)?,
+            2 => e.max_tokens = optional_count(scan, field)?,
+            3 => e.max_completion_tokens = optional_count(scan, field)?,
+            4 => e.max_output_tokens = optional_count(scan, field)?,
+            5 => e.n = optional_count(scan, field)?,
+            _ => text.walk(scan, depth)?,
+        }
+        Ok(())
+    })
+    .and_then(|()| scan.end())
+    .map_err(|e| BodyError(e.to_string()))?;
+    let e = envelope;
     Ok(BodyFacts {
         model: e.model,
         stream: e.stream.unwrap_or(false),
@@ -139,8 +116,85 @@ pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
             .or(e.max_output_tokens),
         n: e.n.unwrap_or(1),
         prompt_tokens: text.bytes.div_ceil(BYTES_PER_TOKEN),
-        prefix: text.prefix.hashes,
+        prefix: text.prefix.finish(),
     })
+}
+
+/// `field`'s value: a string, or `null` for none.
+fn optional_string(scan: &mut Scan<'_>, field: &str) -> Result<Option<String>, ScanError> {
+    match scan.peek() {
+        Some(b'"') => Ok(Some(scan.string()?.text()?.into_owned())),
+        Some(b'n') => scan.literal().map(|_| None),
+        _ => Err(scan.error(format!("invalid type for `{field}`: expected a string"))),
+    }
+}
+
+/// `field`'s value: `true`, `false`, or `null` for none.
+fn optional_bool(scan: &mut Scan<'_>, field: &str) -> Result<Option<bool>, ScanError> {
+    match scan.peek() {
+        Some(b't' | b'f' | b'n') => scan.literal(),
+        _ => Err(scan.error(format!("invalid type for `{field}`: expected a boolean"))),
+    }
+}
+
+/// `field`'s value: a whole number from 0 to `u64::MAX`, or `null` for none.
+fn optional_count(scan: &mut Scan<'_>, field: &str) -> Result<Option<u64>, ScanError> {
+    let value_at = scan.peek().map(|_| scan.position());
+    let value = match scan.peek() {
+        Some(b'n') => return scan.literal().map(|_| None),
+        Some(b'-' | b'0'..=b'9') => scan.number()?,
+        _ => Number::Float,
+    };
+    match value {
+        Number::Unsigned(n) => Ok(Some(n)),
+        _ => Err(scan.error_at(
+            value_at.unwrap_or_else(|| scan.position()),
+            format!("invalid value for `{field}`: expected a whole number from 0 (u64)"),
+        )),
+    }
+}
+
+/// What is measured of the prompt while it is walked once: its text's size and fingerprint.
+struct TextState {
+    bytes: u64,
+    prefix: PrefixHasher,
+}
+
+impl TextState {
+    /// Walks any JSON value of the prompt: string values count their length and feed the
+    /// fingerprint, integers (token ids) count as one token each; object keys and the values of
+    /// naming keys (`role`, `type`, `name`, `id`) do not count.
+    fn walk(&mut self, scan: &mut Scan<'_>, depth: usize) -> Result<(), ScanError> {
+        match scan.peek() {
+            Some(b'"') => {
+                let text = scan.string()?.bytes()?;
+                self.bytes = self.bytes.saturating_add(text.len() as u64);
+                self.prefix.feed(&text);
+                self.prefix.feed(&[SEPARATOR]);
+            }
+            Some(b'[') => scan.array(depth, |scan, depth| self.walk(scan, depth))?,
+            Some(b'{') => scan.object(depth, |scan, key, depth| {
+                if key.one_of(&["role", "type", "name", "id"]).is_some() {
+                    scan.skip(depth)
+                } else {
+                    self.walk(scan, depth)
+                }
+            })?,
+            Some(b'-' | b'0'..=b'9') => match scan.number()? {
+                Number::Unsigned(id) => self.token_id(id),
+                Number::Negative(id) => self.token_id(id as u64),
+                Number::Float => {}
+            },
+            _ => scan.skip(depth)?,
+        }
+        Ok(())
+    }
+
+    /// A token id of the prompt: one token, its bytes fed to the fingerprint.
+    fn token_id(&mut self, id: u64) {
+        self.bytes = self.bytes.saturating_add(BYTES_PER_TOKEN);
+        self.prefix.feed(&id.to_le_bytes());
+    }
 }
 
 /// The body with its top-level `model` value replaced by `model`; every other byte as it was.
@@ -165,13 +219,11 @@ pub fn with_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
 }
 
 /// Token counts a backend reported in its answer's `usage`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Prompt tokens, as the model server's tokenizer counted them.
-    #[serde(default)]
     pub prompt_tokens: u64,
     /// Tokens generated.
-    #[serde(default)]
     pub completion_tokens: u64,
 }
 
@@ -194,146 +246,35 @@ pub fn last_usage_key(bytes: &[u8]) -> Option<usize> {
 /// of a stream that asked for `stream_options.include_usage`).
 pub fn usage_in(tail: &[u8]) -> Option<Usage> {
     let at = last_usage_key(tail)?;
-    let rest = &tail[at + USAGE_KEY.len()..];
-    let colon = rest.iter().position(|&b| b == b':')?;
-    let value = &rest[colon + 1..];
-    // One value read from the front; what follows it is not looked at. The tail may end inside
-    // a character (it is cut by bytes), so only its valid UTF-8 prefix is read.
-    let value = match std::str::from_utf8(value) {
-        Ok(text) => text,
-        Err(e) => std::str::from_utf8(&value[..e.valid_up_to()]).ok()?,
-    };
-    Usage::deserialize(&mut serde_json::Deserializer::from_str(value)).ok()
-}
-
-/// Bytes of prompt text per fingerprint block: about 16 tokens, a KV-cache block of vLLM's.
-pub const PREFIX_BLOCK: usize = 64;
-/// Most blocks fingerprinted (32 KiB of prompt): bounds the cost of a huge prompt.
-pub const MAX_PREFIX_BLOCKS: usize = 512;
-
-/// Marks the end of one string of the prompt, so `"ab" + "c"` differs from `"a" + "bc"`.
-const SEPARATOR: u8 = 0x1e;
-
-/// Chained hashes of fixed-size blocks of the bytes fed in: fixed, so every gpulb replica
-/// computes the same fingerprint for the same prompt.
-#[derive(Debug, Default)]
-struct PrefixHasher {
-    /// The start of a block whose end has not come yet.
-    block: Vec<u8>,
-    chain: u64,
-    hashes: Vec<u64>,
-}
-
-impl PrefixHasher {
-    /// Whole blocks are hashed where they lie; only a block split between two strings is copied.
-    fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() && self.hashes.len() < MAX_PREFIX_BLOCKS {
-            if self.block.is_empty() && bytes.len() >= PREFIX_BLOCK {
-                let (block, rest) = bytes.split_at(PREFIX_BLOCK);
-                self.chain = block_hash(self.chain, block);
-                self.hashes.push(self.chain);
-                bytes = rest;
-                continue;
-            }
-            let take = (PREFIX_BLOCK - self.block.len()).min(bytes.len());
-            self.block.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.block.len() == PREFIX_BLOCK {
-                self.chain = block_hash(self.chain, &self.block);
-                self.hashes.push(self.chain);
-                self.block.clear();
-            }
+    // One value read from the front; what follows it is not looked at (the tail may end inside
+    // a character: it is cut by bytes). A count that is not a whole number, a duplicated count
+    // or a value cut short reads as no usage at all.
+    let mut scan = Scan::new(&tail[at + USAGE_KEY.len()..]);
+    scan.expect(b':', "`:`").ok()?;
+    let mut counts = [None; USAGE_FIELDS.len()];
+    scan.object(0, |scan, key, depth| {
+        let Some(index) = key.one_of(&USAGE_FIELDS) else {
+            return scan.skip(depth);
+        };
+        scan.peek();
+        let Number::Unsigned(count) = scan.number()? else {
+            return Err(scan.error("a token count is not a whole number"));
+        };
+        match counts[index].replace(count) {
+            None => Ok(()),
+            Some(_) => Err(scan.error("a token count given twice")),
         }
-    }
+    })
+    .ok()?;
+    let [prompt_tokens, completion_tokens] = counts.map(Option::unwrap_or_default);
+    Some(Usage {
+        prompt_tokens,
+        completion_tokens,
+    })
 }
 
-const _: () = assert!(PREFIX_BLOCK.is_multiple_of(8), "a block is hashed in words");
-
-/// A block's hash chained to the one before, eight bytes a step (a multiply-xorshift mix, the
-/// kind of FxHash and wyhash): about a tenth of the instructions of a byte-at-a-time hash.
-fn block_hash(chain: u64, block: &[u8]) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut hash = (chain ^ 0xcbf2_9ce4_8422_2325).wrapping_mul(K);
-    for word in block.chunks_exact(8) {
-        let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        hash = (hash ^ word).wrapping_mul(K);
-        hash ^= hash >> 29;
-    }
-    hash
-}
-
-/// What is measured of the prompt while it is walked once: its text's size and fingerprint.
-#[derive(Debug, Default)]
-struct TextState {
-    bytes: u64,
-    prefix: PrefixHasher,
-}
-
-/// Walks any JSON value of the prompt: string values count their length and feed the
-/// fingerprint, numbers (token ids) count as one token each; object keys and the values of
-/// naming keys (`role`, `type`, `name`, `id`) do not count.
-struct TextSeed<'s>(&'s mut TextState);
-
-impl<'de> DeserializeSeed<'de> for TextSeed<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TextSeed<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("prompt text")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.0.bytes = self.0.bytes.saturating_add(v.len() as u64);
-        self.0.prefix.feed(v.as_bytes());
-        self.0.prefix.feed(&[SEPARATOR]);
-        Ok(())
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.0.bytes = self.0.bytes.saturating_add(BYTES_PER_TOKEN);
-        self.0.prefix.feed(&v.to_le_bytes());
-        Ok(())
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.visit_u64(v as u64)
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(TextSeed(&mut *self.0))?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if matches!(key.as_ref(), "role" | "type" | "name" | "id") {
-                map.next_value::<IgnoredAny>()?;
-            } else {
-                map.next_value_seed(TextSeed(&mut *self.0))?;
-            }
-        }
-        Ok(())
-    }
-}
+/// The counts read from a `usage` object, in [`Usage`]'s order; a missing one is 0.
+const USAGE_FIELDS: [&str; 2] = ["prompt_tokens", "completion_tokens"];
 
 #[cfg(test)]
 mod tests {
@@ -415,29 +356,6 @@ mod tests {
     }
 
     #[test]
-    fn a_fingerprint_does_not_depend_on_how_the_bytes_were_fed() {
-        let text: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let mut whole = PrefixHasher::default();
-        whole.feed(&text);
-        for piece in [1, 5, 63, 64, 65, 200] {
-            let mut pieces = PrefixHasher::default();
-            text.chunks(piece).for_each(|c| pieces.feed(c));
-            assert_eq!(pieces.hashes, whole.hashes, "pieces of {piece}");
-        }
-        assert_eq!(whole.hashes.len(), 1000 / PREFIX_BLOCK);
-        let mut other = text.clone();
-        other[700] ^= 1;
-        let mut changed = PrefixHasher::default();
-        changed.feed(&other);
-        let same = 700 / PREFIX_BLOCK;
-        assert_eq!(changed.hashes[..same], whole.hashes[..same]);
-        assert!(changed.hashes[same..]
-            .iter()
-            .zip(&whole.hashes[same..])
-            .all(|(a, b)| a != b));
-    }
-
-    #[test]
     fn prompts_sharing_a_prefix_share_its_fingerprint() {
         let system = "You are a careful assistant. ".repeat(10); // 290 bytes: 4 whole blocks
         let a = parse(&chat(&[&system, "What is the capital of France?"])).unwrap();
@@ -505,6 +423,30 @@ mod tests {
         let mut cut = sse[..sse.len() - 16].to_vec();
         cut.extend_from_slice(&"é".as_bytes()[..1]);
         assert_eq!(usage_in(&cut), Some(expected));
+    }
+
+    #[test]
+    fn a_usage_object_is_read_strictly_and_a_missing_count_is_zero() {
+        let spaced = br#"{"usage" :  { "completion_tokens" : 5 , "x": [{"y": "}"}] } }"#;
+        assert_eq!(
+            usage_in(spaced),
+            Some(Usage {
+                prompt_tokens: 0,
+                completion_tokens: 5,
+            })
+        );
+        for unread in [
+            &br#"{"usage":{"prompt_tokens":null}}"#[..],
+            br#"{"usage":{"prompt_tokens":1.5}}"#,
+            br#"{"usage":{"prompt_tokens":-1}}"#,
+            br#"{"usage":{"prompt_tokens":"3"}}"#,
+            br#"{"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#,
+            br#"{"usage":{"prompt_tokens":1"#,
+            br#"{"usage":[1,2]}"#,
+        ] {
+            let text = String::from_utf8_lossy(unread);
+            assert_eq!(usage_in(unread), None, "{text}");
+        }
     }
 
     #[test]
