@@ -78,7 +78,8 @@ pub async fn read(
         _ => {}
     }
     let limit = length.map_or(max.min(RETRY_BUFFER), |n| n.min(max));
-    let deadline = Instant::now() + config.timeouts.client_body;
+    let started = Instant::now();
+    let mut left = config.timeouts.client_body;
     let mut held = BytesMut::with_capacity(length.unwrap_or(0).min(limit));
     let mut buffering = false;
     loop {
@@ -87,7 +88,9 @@ pub async fn read(
             session.as_downstream_mut().enable_retry_buffering();
             buffering = true;
         }
-        let chunk = match timeout_at(deadline, session.read_request_body()).await {
+        // pingora's timeout makes its timer only if the read waits: a body that came in with
+        // the header (most of them) is read without one.
+        let chunk = match pingora_timeout::timeout(left, session.read_request_body()).await {
             Err(_) => return Ok(Err(ProxyError::BodyTimeout(config.timeouts.client_body))),
             Ok(read) => read?,
         };
@@ -107,6 +110,10 @@ pub async fn read(
         if length == Some(held.len()) && session.is_body_done() {
             break;
         }
+        left = config
+            .timeouts
+            .client_body
+            .saturating_sub(started.elapsed());
     }
     let bytes = held.freeze();
     if !parse {
