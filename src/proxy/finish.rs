@@ -4,7 +4,6 @@ use super::ctx::RequestCtx;
 use crate::access_log::{self, AccessRecord};
 use crate::error::ProxyError;
 use crate::headers::RequestId;
-use crate::request;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use std::time::Instant;
@@ -51,7 +50,7 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
     if let Some(class) = &ctx.class_metrics {
         class.request_finished(backend, status, duration, ttfb);
         if let Some(facts) = &ctx.facts {
-            let usage = request::usage_in(ctx.tail.bytes());
+            let usage = ctx.tail.usage();
             class.body_finished(ctx.model.as_deref(), facts.prompt_tokens, usage);
         }
     }

@@ -2,7 +2,7 @@
 //! last `"usage"` key on, and before any key only the few bytes a key split between two
 //! chunks needs, so a long token stream that never reports usage holds almost nothing.
 
-use crate::request::{last_usage_key as last_key, USAGE_KEY as KEY, USAGE_TAIL};
+use crate::request::{self, last_usage_key as last_key, Usage, USAGE_KEY as KEY, USAGE_TAIL};
 
 /// Bytes of a key that can end one chunk while the rest of it begins the next.
 const SEAM: usize = KEY.len() - 1;
@@ -39,8 +39,18 @@ impl UsageTail {
     }
 
     /// The bytes kept: `usage_in` finds the last usage object in them.
+    #[cfg(test)]
     pub fn bytes(&self) -> &[u8] {
         &self.kept
+    }
+
+    /// The last usage object of the body fed so far. What is kept starts with the last key
+    /// whenever a key was seen (each branch of [`Self::feed`] keeps that so), so the object is
+    /// read there without searching again.
+    pub fn usage(&self) -> Option<Usage> {
+        self.kept
+            .strip_prefix(KEY)
+            .and_then(request::usage_after_key)
     }
 
     /// Where in `kept` a key begins whose end is in the first bytes of `chunk`.
@@ -66,7 +76,14 @@ impl UsageTail {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{usage_in, Usage};
+    use crate::request::usage_in;
+
+    /// The tail's usage, checked against a search of all it kept.
+    fn read(tail: &UsageTail) -> Option<Usage> {
+        let usage = tail.usage();
+        assert_eq!(usage, usage_in(tail.bytes()), "{:?}", tail.bytes());
+        usage
+    }
 
     fn fed(chunks: &[&[u8]]) -> UsageTail {
         let mut tail = UsageTail::default();
@@ -94,26 +111,18 @@ mod tests {
             assert!(tail.bytes().len() <= SEAM);
         }
         assert!(tail.kept.capacity() <= 16, "{}", tail.kept.capacity());
-        assert_eq!(usage_in(tail.bytes()), None);
+        assert_eq!(read(&tail), None);
     }
 
     #[test]
     fn usage_is_found_however_the_body_is_cut_into_chunks() {
-        assert_eq!(usage_in(fed(&[STREAM_END]).bytes()), Some(REPORTED));
+        assert_eq!(read(&fed(&[STREAM_END])), Some(REPORTED));
         for cut in 0..=STREAM_END.len() {
             let (a, b) = STREAM_END.split_at(cut);
-            assert_eq!(
-                usage_in(fed(&[a, b]).bytes()),
-                Some(REPORTED),
-                "cut at {cut}"
-            );
+            assert_eq!(read(&fed(&[a, b])), Some(REPORTED), "cut at {cut}");
         }
         let bytes: Vec<&[u8]> = STREAM_END.chunks(1).collect();
-        assert_eq!(
-            usage_in(fed(&bytes).bytes()),
-            Some(REPORTED),
-            "one byte a chunk"
-        );
+        assert_eq!(read(&fed(&bytes)), Some(REPORTED), "one byte a chunk");
     }
 
     #[test]
@@ -124,7 +133,7 @@ mod tests {
         );
         let (a, b) = answer.as_bytes().split_at(USAGE_TAIL);
         let tail = fed(&[a, b]);
-        assert_eq!(usage_in(tail.bytes()), Some(REPORTED));
+        assert_eq!(read(&tail), Some(REPORTED));
         assert!(tail.bytes().len() < 100, "{}", tail.bytes().len());
     }
 
@@ -135,12 +144,12 @@ mod tests {
         let tail = fed(&[first, &filler]);
         assert_eq!(tail.bytes().len(), USAGE_TAIL);
         assert_eq!(
-            usage_in(tail.bytes()),
+            read(&tail),
             Some(Usage {
                 prompt_tokens: 1,
                 completion_tokens: 2
             })
         );
-        assert_eq!(usage_in(fed(&[first, STREAM_END]).bytes()), Some(REPORTED));
+        assert_eq!(read(&fed(&[first, STREAM_END])), Some(REPORTED));
     }
 }

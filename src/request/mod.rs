@@ -233,23 +233,29 @@ pub const USAGE_TAIL: usize = 2048;
 /// a string, so these bytes can only be a key (or a value) of the answer's own structure.
 pub const USAGE_KEY: &[u8] = b"\"usage\"";
 
-/// [`USAGE_KEY`]'s searcher, built once (a forward search is vectorised; a reverse one is not).
-static USAGE_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(USAGE_KEY));
-
-/// Where the last [`USAGE_KEY`] in `bytes` begins.
+/// Where the last [`USAGE_KEY`] in `bytes` begins. Its `g` (rare in JSON's own structure) is
+/// searched from the end, a vector at a time, and each one found is checked in place: `usage`
+/// ends an answer, so in one the first `g` from the end is the key's.
 pub fn last_usage_key(bytes: &[u8]) -> Option<usize> {
-    USAGE_FINDER.find_iter(bytes).last()
+    const G_AT: usize = 4;
+    const _: () = assert!(USAGE_KEY[G_AT] == b'g');
+    memchr::memrchr_iter(b'g', bytes)
+        .filter_map(|g| g.checked_sub(G_AT))
+        .find(|&start| bytes[start..].starts_with(USAGE_KEY))
 }
 
 /// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events
 /// of a stream that asked for `stream_options.include_usage`).
 pub fn usage_in(tail: &[u8]) -> Option<Usage> {
-    let at = last_usage_key(tail)?;
+    usage_after_key(&tail[last_usage_key(tail)? + USAGE_KEY.len()..])
+}
+
+/// The `usage` object whose [`USAGE_KEY`] ends where `after_key` begins.
+pub fn usage_after_key(after_key: &[u8]) -> Option<Usage> {
     // One value read from the front; what follows it is not looked at (the tail may end inside
     // a character: it is cut by bytes). A count that is not a whole number, a duplicated count
     // or a value cut short reads as no usage at all.
-    let mut scan = Scan::new(&tail[at + USAGE_KEY.len()..]);
+    let mut scan = Scan::new(after_key);
     scan.expect(b':', "`:`").ok()?;
     let mut counts = [None; USAGE_FIELDS.len()];
     scan.object(0, |scan, key, depth| {
@@ -423,6 +429,28 @@ mod tests {
         let mut cut = sse[..sse.len() - 16].to_vec();
         cut.extend_from_slice(&"é".as_bytes()[..1]);
         assert_eq!(usage_in(&cut), Some(expected));
+    }
+
+    #[test]
+    fn the_last_usage_key_is_found_wherever_it_lies() {
+        let naive = |bytes: &[u8]| {
+            (0..bytes.len())
+                .rev()
+                .find(|&i| bytes[i..].starts_with(USAGE_KEY))
+        };
+        for text in [
+            &br#""usage""#[..],
+            br#"{"usage":1,"x":"going","usage":2,"tag":"g"}"#,
+            br#"{"text":"say \"usage\" and go","usage":{}}"#,
+            br#"{"text":"say \"usage\""}"#,
+            b"gg\"usag\"usage",
+            b"g",
+            b"",
+        ] {
+            let shown = String::from_utf8_lossy(text);
+            assert_eq!(last_usage_key(text), naive(text), "{shown}");
+        }
+        assert_eq!(last_usage_key(br#"{"usage":1,"usage":2}"#), Some(11));
     }
 
     #[test]

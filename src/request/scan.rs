@@ -259,14 +259,15 @@ impl<'a> Scan<'a> {
 
     /// Reads a number whose first byte is next.
     pub fn number(&mut self) -> Result<Number, ScanError> {
-        let start = self.at;
         let negative = self.take(b'-');
-        match self.bytes.get(self.at) {
-            Some(b'0') => self.at += 1,
-            Some(b'1'..=b'9') => self.digits(),
+        let magnitude = match self.bytes.get(self.at) {
+            Some(b'0') => {
+                self.at += 1;
+                Some(0)
+            }
+            Some(b'1'..=b'9') => self.integer_digits(),
             _ => return Err(self.error("invalid number: a digit must follow `-`")),
-        }
-        let integer_end = self.at;
+        };
         let mut float = false;
         if self.take(b'.') {
             float = true;
@@ -283,16 +284,24 @@ impl<'a> Scan<'a> {
             }
             self.digits();
         }
-        if float {
-            return Ok(Number::Float);
-        }
-        // Only ASCII digits and a sign were taken, so this is a valid `str`.
-        let text = std::str::from_utf8(&self.bytes[start..integer_end]).unwrap_or_default();
-        Ok(if negative {
-            text.parse().map_or(Number::Float, Number::Negative)
-        } else {
-            text.parse().map_or(Number::Float, Number::Unsigned)
+        Ok(match (float, negative, magnitude) {
+            (false, false, Some(n)) => Number::Unsigned(n),
+            // serde_json reads `-0` as a float.
+            (false, true, Some(n)) if n > 0 => 0i64
+                .checked_sub_unsigned(n)
+                .map_or(Number::Float, Number::Negative),
+            _ => Number::Float,
         })
+    }
+
+    /// Takes the ASCII digits that come next, and their value (`None` past `u64::MAX`).
+    fn integer_digits(&mut self) -> Option<u64> {
+        let mut value = Some(0u64);
+        while let Some(&digit) = self.bytes.get(self.at).filter(|b| b.is_ascii_digit()) {
+            value = value.and_then(|v| v.checked_mul(10)?.checked_add(u64::from(digit - b'0')));
+            self.at += 1;
+        }
+        value
     }
 
     /// Takes `byte` if it is next (no whitespace skipped).
@@ -584,6 +593,8 @@ mod tests {
             ("18446744073709551615", Number::Unsigned(u64::MAX)),
             ("18446744073709551616", Number::Float),
             ("-1", Number::Negative(-1)),
+            ("-0", Number::Float),
+            ("10", Number::Unsigned(10)),
             ("-9223372036854775808", Number::Negative(i64::MIN)),
             ("-9223372036854775809", Number::Float),
             ("1.0", Number::Float),
@@ -594,6 +605,13 @@ mod tests {
                 expected,
                 "{text}"
             );
+            let serde: serde_json::Number = serde_json::from_str(text).unwrap();
+            let serde = match (serde.as_u64(), serde.as_i64()) {
+                (Some(n), _) => Number::Unsigned(n),
+                (None, Some(n)) => Number::Negative(n),
+                (None, None) => Number::Float,
+            };
+            assert_eq!(serde, expected, "serde_json on {text}");
         }
     }
 }
