@@ -1,7 +1,7 @@
 //! Per-class handles of the request-path metrics, and the tenant label cap.
 
 use super::{now_s, status_label, LatencyWindow, Percentiles, MAX_TENANT_LEN};
-use crate::fast_hash::FastSet;
+use crate::fast_hash::{FastMap, FastSet};
 use crate::request::Usage;
 use prometheus::{Histogram, IntCounter, IntCounterVec};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +17,11 @@ pub struct ClassMetrics {
     pub(super) queue_wait: Histogram,
     pub(super) shed: IntCounterVec,
     pub(super) model_requests: IntCounterVec,
+    /// `model_requests` of a request that named no model.
+    pub(super) no_model: IntCounter,
+    /// `model_requests` resolved for each model this class answered that keeps its own label
+    /// (so at most the label cap's worth), so a request skips both label lookups.
+    pub(super) model_counters: RwLock<FastMap<String, IntCounter>>,
     /// Prompt tokens estimated, prompt tokens reported, completion tokens reported.
     pub(super) tokens: [IntCounter; 3],
     pub(super) tenants: Arc<TenantLabels>,
@@ -128,15 +133,38 @@ impl ClassMetrics {
     /// A request whose body was read asked for `model` (after aliases); `estimated` prompt
     /// tokens, and the backend's `usage` when it reported one.
     pub fn body_finished(&self, model: Option<&str>, estimated: u64, usage: Option<Usage>) {
-        let model = model.map_or("none", |m| self.models.label(m));
-        self.model_requests
-            .with_label_values(&[self.name.as_str(), model])
-            .inc();
+        self.count_model_request(model);
         if let Some(usage) = usage {
             let [estimate, prompt, completion] = &self.tokens;
             estimate.inc_by(estimated);
             prompt.inc_by(usage.prompt_tokens);
             completion.inc_by(usage.completion_tokens);
+        }
+    }
+
+    /// Counts a request for `model` in `model_requests`, through the handle resolved for it.
+    fn count_model_request(&self, model: Option<&str>) {
+        let Some(model) = model else {
+            return self.no_model.inc();
+        };
+        if let Some(counter) = self
+            .model_counters
+            .read()
+            .ok()
+            .and_then(|m| m.get(model).cloned())
+        {
+            return counter.inc();
+        }
+        let label = self.models.label(model);
+        let counter = self
+            .model_requests
+            .with_label_values(&[self.name.as_str(), label]);
+        counter.inc();
+        // A model folded into `other` is not held: the map stays as small as the label set.
+        if label == model {
+            if let Ok(mut counters) = self.model_counters.write() {
+                counters.entry(model.to_string()).or_insert(counter);
+            }
         }
     }
 

@@ -255,6 +255,8 @@ impl Metrics {
             queue_wait: self.queue_wait.with_label_values(&[name]),
             shed: self.shed.clone(),
             model_requests: self.model_requests.clone(),
+            no_model: self.model_requests.with_label_values(&[name, "none"]),
+            model_counters: RwLock::default(),
             tokens: ["prompt_estimated", "prompt_reported", "completion_reported"]
                 .map(|kind| self.tokens.with_label_values(&[name, kind])),
             tenants: Arc::clone(&self.tenants),
@@ -323,5 +325,44 @@ mod tests {
         assert_eq!(status_label(503, &mut buf), "503");
         assert_eq!(status_label(7, &mut buf), "100");
         assert_eq!(status_label(1234, &mut buf), "999");
+    }
+
+    /// `gpulb_model_requests_total` by model label, for class `c`.
+    fn model_counts(metrics: &Metrics) -> Vec<(String, u64)> {
+        let families = metrics.gather();
+        let family = families
+            .iter()
+            .find(|f| f.name() == "gpulb_model_requests_total")
+            .expect("the model counter is registered");
+        let mut counts: Vec<(String, u64)> = family
+            .get_metric()
+            .iter()
+            .map(|m| {
+                let model = m.get_label().iter().find(|l| l.name() == "model");
+                let model = model.expect("a model label").value().to_string();
+                (model, m.get_counter().get_value() as u64)
+            })
+            .collect();
+        counts.sort();
+        counts
+    }
+
+    #[test]
+    fn model_requests_count_through_held_handles_and_fold_past_the_cap() {
+        let metrics = Metrics::new(2);
+        let class = metrics.class("c");
+        for model in ["a", "b", "a", "c", "d", "c", "a"] {
+            class.body_finished(Some(model), 1, None);
+        }
+        class.body_finished(None, 1, None);
+        let expected = [("a", 3), ("b", 1), ("none", 1), ("other", 3)];
+        let expected: Vec<(String, u64)> =
+            expected.iter().map(|&(m, n)| (m.to_string(), n)).collect();
+        assert_eq!(model_counts(&metrics), expected);
+        // Only the models with their own label are held.
+        let held = class.model_counters.read().unwrap();
+        let mut held: Vec<&String> = held.keys().collect();
+        held.sort();
+        assert_eq!(held, ["a", "b"]);
     }
 }
