@@ -157,11 +157,12 @@ struct Args {
     #[arg(long, default_value_t = 16384)]
     kv_tokens: usize,
 
-    /// Targets, in run order: gpulb, gpulb-body, gpulb-unread, nginx-rr, nginx-lc, haproxy-rr,
-    /// haproxy-lc, haproxy-prio, gpulb-prefix, gpulb-ll, sglang-cache-aware, gpulb-x2, gpulb-x3,
-    /// gpulb-x2-blind. gpulb-body is gpulb
+    /// Targets, in run order: gpulb, gpulb-body, gpulb-unread, gpulb-same, nginx-rr, nginx-lc,
+    /// haproxy-rr, haproxy-lc, haproxy-prio, gpulb-prefix, gpulb-ll, sglang-cache-aware, gpulb-x2,
+    /// gpulb-x3, gpulb-x2-blind. gpulb-body is gpulb
     /// with classes chosen from the body only (no `x-priority` header sent; the interactive class
-    /// matches `--body-match`); gpulb-unread reads no body; gpulb-prefix and gpulb-ll force the
+    /// matches `--body-match`); gpulb-unread reads no body; gpulb-same is gpulb again, a second
+    /// process with the same config (an A/A control); gpulb-prefix and gpulb-ll force the
     /// interactive placement to prefix_affinity and least_loaded; sglang-cache-aware is SGLang's
     /// router with --policy cache_aware; gpulb-x2 and gpulb-x3 run two and three gpulb replicas
     /// with gpulb's config, each request sent to one of them drawn at random from the seed, and

@@ -18,6 +18,9 @@ pub enum Target {
     /// gpulb as `Gpulb`, with body reading turned off (`request_body: {paths: []}`): the time
     /// to first token with the body read before routing against without.
     GpulbUnread,
+    /// gpulb with `Gpulb`'s config exactly, a second process: an A/A control, so a run shows
+    /// how far two turns of one config differ in one sitting.
+    GpulbSame,
     NginxRr,
     NginxLc,
     HaproxyRr,
@@ -42,10 +45,11 @@ pub enum Target {
 }
 
 /// Every target, in the order `--help` lists them.
-const ALL_TARGETS: [Target; 14] = [
+const ALL_TARGETS: [Target; 15] = [
     Target::Gpulb,
     Target::GpulbBody,
     Target::GpulbUnread,
+    Target::GpulbSame,
     Target::NginxRr,
     Target::NginxLc,
     Target::HaproxyRr,
@@ -65,6 +69,7 @@ impl Target {
             Target::Gpulb => "gpulb",
             Target::GpulbBody => "gpulb-body",
             Target::GpulbUnread => "gpulb-unread",
+            Target::GpulbSame => "gpulb-same",
             Target::NginxRr => "nginx-rr",
             Target::NginxLc => "nginx-lc",
             Target::HaproxyRr => "haproxy-rr",
@@ -114,6 +119,7 @@ impl Target {
             Target::Gpulb
                 | Target::GpulbBody
                 | Target::GpulbUnread
+                | Target::GpulbSame
                 | Target::GpulbPrefix
                 | Target::GpulbLeastLoaded
                 | Target::GpulbReplicas2
@@ -569,6 +575,7 @@ pub fn start(
         Target::Gpulb
         | Target::GpulbBody
         | Target::GpulbUnread
+        | Target::GpulbSame
         | Target::GpulbPrefix
         | Target::GpulbLeastLoaded
         | Target::GpulbReplicas2
