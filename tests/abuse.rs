@@ -59,6 +59,26 @@ async fn stalled_uploads_get_408_and_never_hold_a_slot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_past_client_body_gets_408() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers).set("timeouts", "{client_body: 1s}");
+    let proxy = Proxy::start(config).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(partial_upload(400, 0)).await;
+    // A piece every 200 ms, each well within a second of the one before, for 1.6 s: only a
+    // deadline for the whole body, not one per read, answers before the pieces stop.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = raw.0.write_all(&[b'x'; 10]).await;
+    }
+    // Answered at about 1 s, so already here; a per-read deadline would answer at about 2.6 s.
+    let answer = raw.answer_within(Duration::from_millis(300)).await;
+    assert_eq!(answer.status, 408, "{}", answer.text);
+    assert!(answer.text.contains("body_timeout"), "{}", answer.text);
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_in_a_streamed_upload_is_the_clients_fault() {
     let workers = start_workers(1, |_| {}).await;
     // Bodies over 1 KiB stream to the backend; the backend's read timeout is short, so it

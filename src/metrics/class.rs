@@ -147,13 +147,10 @@ impl ClassMetrics {
         let Some(model) = model else {
             return self.no_model.inc();
         };
-        if let Some(counter) = self
-            .model_counters
-            .read()
-            .ok()
-            .and_then(|m| m.get(model).cloned())
-        {
-            return counter.inc();
+        if let Ok(counters) = self.model_counters.read() {
+            if let Some(counter) = counters.get(model) {
+                return counter.inc();
+            }
         }
         let label = self.models.label(model);
         let counter = self

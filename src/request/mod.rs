@@ -233,9 +233,9 @@ pub const USAGE_TAIL: usize = 2048;
 /// a string, so these bytes can only be a key (or a value) of the answer's own structure.
 pub const USAGE_KEY: &[u8] = b"\"usage\"";
 
-/// Where the last [`USAGE_KEY`] in `bytes` begins. Its `g` (rare in JSON's own structure) is
-/// searched from the end, a vector at a time, and each one found is checked in place: `usage`
-/// ends an answer, so in one the first `g` from the end is the key's.
+/// Where the last [`USAGE_KEY`] in `bytes` begins. Its `g` is searched from the end, a vector
+/// at a time, and each one found is checked in place: `usage` comes at or near the end of an
+/// answer, so only the few `g`s after it are checked in vain.
 pub fn last_usage_key(bytes: &[u8]) -> Option<usize> {
     const G_AT: usize = 4;
     const _: () = assert!(USAGE_KEY[G_AT] == b'g');
@@ -245,7 +245,9 @@ pub fn last_usage_key(bytes: &[u8]) -> Option<usize> {
 }
 
 /// The last `usage` object in the end of a response body (a JSON answer, or the last SSE events
-/// of a stream that asked for `stream_options.include_usage`).
+/// of a stream that asked for `stream_options.include_usage`). The proxy reads it through
+/// `UsageTail`, which keeps the body from its last key on; tests check that against this.
+#[cfg(test)]
 pub fn usage_in(tail: &[u8]) -> Option<Usage> {
     usage_after_key(&tail[last_usage_key(tail)? + USAGE_KEY.len()..])
 }
