@@ -480,6 +480,22 @@ fn open_fds(pid: u32) -> usize {
         .expect("/proc/<pid>/fd readable")
 }
 
+/// What process `pid`'s descriptors point at, counted by kind (`socket`, `pipe`, a path...),
+/// for a failure message.
+fn fd_targets(pid: u32) -> String {
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for entry in dir.flatten() {
+            let target = std::fs::read_link(entry.path())
+                .map(|t| t.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let kind = target.split(':').next().unwrap_or_default().to_owned();
+            *kinds.entry(kind).or_default() += 1;
+        }
+    }
+    format!("{kinds:?}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abusive_clients_leave_no_descriptor_connection_or_slot_behind() {
     let workers = start_workers(1, |_| {}).await;
@@ -517,13 +533,22 @@ async fn abusive_clients_leave_no_descriptor_connection_or_slot_behind() {
     proxy.wait_idle().await;
     // Every client connection closes (the test client's kept-alive one too, after client_idle)
     // and the descriptors come back.
-    common::eventually(
+    // The descriptors are counted before the metrics request, whose own admin connection the
+    // proxy may not have closed yet when the page has arrived.
+    common::eventually_or(
         WAIT,
         "the connections and descriptors to come back",
         || async {
+            let fds = open_fds(proxy.pid());
             let page = proxy.metrics().await;
             let connections = metric(&page, "gpulb_client_connections");
-            (connections == 0.0 && open_fds(proxy.pid()) <= before).then_some(())
+            if connections == 0.0 && fds <= before {
+                return Ok(());
+            }
+            Err(format!(
+                "{connections} client connections, {fds} descriptors open ({before} before): {}",
+                fd_targets(proxy.pid())
+            ))
         },
     )
     .await;

@@ -73,14 +73,30 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    eventually_or(limit, what, || {
+        let attempt = check();
+        async move { attempt.await.ok_or_else(String::new) }
+    })
+    .await
+}
+
+/// [`eventually`] for a check that says what it saw when it is not there yet: on timeout the
+/// last of those reports is in the failure message.
+pub async fn eventually_or<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
     let start = Instant::now();
     loop {
-        if let Some(v) = check().await {
-            return v;
-        }
+        let seen = match check().await {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
         assert!(
             start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
+            "timed out after {limit:?} waiting for {what}{}{seen}",
+            if seen.is_empty() { "" } else { "; last seen: " }
         );
         tokio::time::sleep(POLL).await;
     }
