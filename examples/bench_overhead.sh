@@ -32,6 +32,13 @@
 #   SYSCALLS=1       also count the system calls of the proxy and of the backend over each
 #                    measured run with `perf stat` (needs perf and access to the syscall
 #                    tracepoints) and print them per request for each target's median run
+#   LOAD=first-byte  time each answer's first streamed byte instead of the whole answer: the
+#                    fast backend streams (an SSE event at once, `[DONE]` STREAM_MS later,
+#                    default 20), the body says "stream":true, and the load tool is
+#                    examples/first_byte.rs (WRK_CONNS connections, PACE_MS pauses) in place of
+#                    wrk; p50/p99 in the report are then of the time to the first body byte.
+#                    With BODY_BYTES and TARGETS="direct gpulb gpulb-nobody nginx haproxy" it
+#                    shows what reading the body adds before the first token reaches a client
 #   SKIP_BUILD=1     use the existing release binaries
 #   KEEP_TMP=1       keep the temp dir (configs, raw wrk output, logs) and print its path
 #   RESULTS=FILE     also write the report to FILE
@@ -49,6 +56,8 @@ BACKEND_THREADS=${BACKEND_THREADS:-1}
 TARGETS=${TARGETS:-direct gpulb nginx haproxy}
 BODY_BYTES=${BODY_BYTES:-}
 PACE_MS=${PACE_MS:-}
+LOAD=${LOAD:-wrk}
+STREAM_MS=${STREAM_MS:-20}
 WRK_PATH=/v1/completions
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -99,19 +108,27 @@ fill() { # template out: substitute placeholders
 }
 
 # ---------------------------------------------------------------- build
-command -v wrk >/dev/null || die "wrk is not installed (apt-get install -y wrk)"
+case $LOAD in
+    wrk) command -v wrk >/dev/null || die "wrk is not installed (apt-get install -y wrk)" ;;
+    first-byte) [[ $STREAM_MS =~ ^[0-9]+$ ]] || die "STREAM_MS must be whole milliseconds, not '$STREAM_MS'" ;;
+    *) die "LOAD must be wrk or first-byte, not '$LOAD'" ;;
+esac
 command -v curl >/dev/null || die "curl is not installed"
 cd "$ROOT"
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-    log "cargo build --release --bin gpulb --example fast_backend"
-    cargo build --release --bin gpulb --example fast_backend >&2
+    log "cargo build --release --bin gpulb --example fast_backend --example first_byte"
+    cargo build --release --bin gpulb --example fast_backend --example first_byte >&2
 fi
 GPULB_BIN=$ROOT/target/release/gpulb
 BACKEND_BIN=$ROOT/target/release/examples/fast_backend
+FIRST_BYTE_BIN=$ROOT/target/release/examples/first_byte
 [[ -x $GPULB_BIN && -x $BACKEND_BIN ]] || die "release binaries missing; build without SKIP_BUILD"
+[[ $LOAD != first-byte || -x $FIRST_BYTE_BIN ]] || die "$FIRST_BYTE_BIN missing; build without SKIP_BUILD"
 
 # ---------------------------------------------------------------- start everything
-"$BACKEND_BIN" --threads "$BACKEND_THREADS" >"$TMP/backend.out" 2>"$TMP/backend.err" &
+BACKEND_ARGS=(--threads "$BACKEND_THREADS")
+[[ $LOAD == first-byte ]] && BACKEND_ARGS+=(--stream-ms "$STREAM_MS")
+"$BACKEND_BIN" "${BACKEND_ARGS[@]}" >"$TMP/backend.out" 2>"$TMP/backend.err" &
 BACKEND_PID=$!
 PIDS+=("$BACKEND_PID")
 for _ in $(seq 100); do [[ -s $TMP/backend.out ]] && break; sleep 0.1; done
@@ -176,19 +193,29 @@ done
 WRK_LIMIT=$(($(seconds "$DURATION") + 30))
 WARM_LIMIT=$(($(seconds "$WARMUP") + 30))
 LUA=$BENCH_DIR/post.lua LUA_SHOWN=examples/bench/post.lua
-if [[ -n $BODY_BYTES ]]; then
-    # post.lua with its body replaced by a completion body of exactly BODY_BYTES bytes.
-    python3 - "$BODY_BYTES" "$LUA" >"$TMP/post.lua" <<'PY' || die "cannot make a $BODY_BYTES-byte body"
-import sys
-size, lua = int(sys.argv[1]), open(sys.argv[2]).read()
-head, tail = '{"model":"bench","max_tokens":1,"stream":false,"prompt":"', '"}'
-pad = size - len(head) - len(tail)
-if pad < 0:
-    sys.exit(f"BODY_BYTES below {len(head) + len(tail)}")
-body = head + ("lorem ipsum dolor sit amet " * (pad // 27 + 1))[:pad] + tail
+STREAM_FLAG=$([[ $LOAD == first-byte ]] && echo true || echo false)
+# The request body, in $TMP/body.json for the first-byte client: post.lua's own, or with
+# BODY_BYTES a completion body of exactly that many bytes (its prompt padded), which then
+# replaces post.lua's too. "stream" is true in the first-byte mode.
+python3 - "$BODY_BYTES" "$LUA" "$TMP/body.json" "$STREAM_FLAG" >"$TMP/post.lua" <<'PY' ||
+import re, sys
+size, lua, body_file, stream = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
+if size:
+    head = '{"model":"bench","max_tokens":1,"stream":' + stream + ',"prompt":"'
+    tail = '"}'
+    pad = int(size) - len(head) - len(tail)
+    if pad < 0:
+        sys.exit(f"BODY_BYTES below {len(head) + len(tail)}")
+    body = head + ("lorem ipsum dolor sit amet " * (pad // 27 + 1))[:pad] + tail
+else:
+    body = re.search(r"^wrk\.body = '(.*)'$", lua, re.M).group(1)
+    body = body.replace('"stream":false', '"stream":' + stream)
+open(body_file, "w").write(body)
 lines = [f"wrk.body = '{body}'" if l.startswith("wrk.body") else l for l in lua.splitlines()]
 print("\n".join(lines))
 PY
+    die "cannot make a ${BODY_BYTES:-default} body"
+if [[ -n $BODY_BYTES ]]; then
     LUA=$TMP/post.lua LUA_SHOWN="examples/bench/post.lua with a $BODY_BYTES-byte wrk.body"
 fi
 if [[ -n $PACE_MS ]]; then
@@ -198,12 +225,31 @@ if [[ -n $PACE_MS ]]; then
 fi
 WRK_ARGS=(-t"$WRK_THREADS" -c"$WRK_CONNS" --latency --timeout 5s -s "$LUA")
 wrk_cmd() { echo "wrk -t$WRK_THREADS -c$WRK_CONNS -d$1 --latency --timeout 5s -s $LUA_SHOWN http://ADDR$WRK_PATH"; }
+# The first-byte client instead: `load_cmd URL DURATION` prints the command for one run.
+load_cmd() {
+    if [[ $LOAD == first-byte ]]; then
+        echo "$FIRST_BYTE_BIN" --url "$1" --body-file "$TMP/body.json" --connections "$WRK_CONNS" \
+            --duration "$2" --pace-ms "${PACE_MS:-0}"
+    else
+        echo wrk "${WRK_ARGS[@]}" -d"$2" "$1"
+    fi
+}
+if [[ $LOAD == first-byte ]]; then
+    BODY_SHOWN=${BODY_BYTES:+$BODY_BYTES bytes}
+    BODY_SHOWN=${BODY_SHOWN:-the body of post.lua}
+    wrk_cmd() {
+        echo "examples/first_byte.rs --url http://ADDR$WRK_PATH --body-file BODY --connections $WRK_CONNS --duration $1 --pace-ms ${PACE_MS:-0}, BODY: $BODY_SHOWN with \"stream\":true; fast_backend --stream-ms $STREAM_MS"
+    }
+fi
 
-# Runs wrk in the background and waits, so that a signal reaches the trap at once.
-# A wrapper shell reports wrk's own CPU time (bash `times`, children line) to $4.times.
+# Runs the load tool (wrk, or the first-byte client) in the background and waits, so that a
+# signal reaches the trap at once. A wrapper shell reports the tool's own CPU time (bash
+# `times`, children line) to $4.times.
 run_wrk() { # duration limit_s url out
-    TIMES_TO="$4.times" timeout "$2" bash -c 'wrk "$@"; rc=$?; times >"$TIMES_TO"; exit $rc' wrk \
-        "${WRK_ARGS[@]}" -d"$1" "$3" >"$4" 2>&1 &
+    local cmd
+    read -r -a cmd <<<"$(load_cmd "$3" "$1")"
+    TIMES_TO="$4.times" timeout "$2" bash -c '"$@"; rc=$?; times >"$TIMES_TO"; exit $rc' load \
+        "${cmd[@]}" >"$4" 2>&1 &
     local pid=$!
     PIDS+=("$pid")
     wait "$pid" || die "wrk failed against $3 (output: $(tail -n3 "$4" | tr '\n' ' '))"
@@ -325,9 +371,16 @@ cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || rev="$rev (+ uncommitted changes in src/)"
 {
-    echo "### Proxy overhead: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    if [[ $LOAD == first-byte ]]; then
+        echo "### Time to the first streamed byte: $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo
+        echo "p50 and p99 below are of the time from sending a request to its answer's first body byte;"
+        echo "the wrk columns are the first-byte client's (examples/first_byte.rs)."
+    else
+        echo "### Proxy overhead: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    fi
     echo
-    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES PACE_MS; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
+    echo "- command: \`$(for v in WRK_THREADS WRK_CONNS DURATION WARMUP ROUNDS PROXY_THREADS BACKEND_THREADS BODY_BYTES PACE_MS LOAD STREAM_MS; do printf '%s=%s ' "$v" "${!v}"; done)$INVOCATION\`"
     echo "- load, each target: \`$(wrk_cmd "$DURATION")\` after a \`-d$WARMUP\` warm-up; $ROUNDS interleaved round(s)"
     echo "- machine: nproc $(nproc), $cpu_model, $(uname -sr), load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- versions: gpulb $rev${ADDR[gpulb-base]:+ (gpulb-base: $BASE_GPULB)}, $(nginx -v 2>&1 | sed 's/nginx version: //' || true), $(haproxy -v 2>/dev/null | head -n1 | cut -d' ' -f1-3 || true), $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"

@@ -4,8 +4,12 @@
 //! that the proxy in front of it, not the backend, is what a benchmark measures.
 //!
 //! ```text
-//! cargo run --release --example fast_backend -- [--listen 127.0.0.1:0] [--threads 1]
+//! cargo run --release --example fast_backend -- [--listen 127.0.0.1:0] [--threads 1] [--stream-ms N]
 //! ```
+//!
+//! With `--stream-ms N` every answer is an SSE stream instead: one completion event sent as soon
+//! as the request body has been read, then `data: [DONE]` N milliseconds later, so a client can
+//! time the first streamed byte apart from the whole answer (`examples/first_byte.rs`).
 //!
 //! The first line on stdout is the bound address (`127.0.0.1:PORT`). `GET /__stats` answers
 //! `{"connections":N,"requests":M,"reads":R}`: the connections accepted, requests served and
@@ -14,23 +18,60 @@
 //! request arrives in one piece or in several (a header and then its body).
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::{Body, Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// The answer to every request: 200 bytes of JSON shaped like an OpenAI completion.
 const BODY: &[u8] = br#"{"id":"cmpl-bench","object":"text_completion","created":1700000000,"model":"bench","choices":[{"index":0,"text":"ok","finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
+
+/// With `--stream-ms`: the first event of every streamed answer, and the one that ends it.
+const FIRST_EVENT: &[u8] = b"data: {\"id\":\"cmpl-bench\",\"object\":\"text_completion\",\"model\":\"bench\",\"choices\":[{\"index\":0,\"text\":\"ok\"}]}\n\n";
+const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// A streamed answer: [`FIRST_EVENT`] at once, [`DONE_EVENT`] after a pause, then the end.
+struct SseAnswer {
+    first_sent: bool,
+    tail: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Body for SseAnswer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if !this.first_sent {
+            this.first_sent = true;
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(FIRST_EVENT)))));
+        }
+        let Some(tail) = this.tail.as_mut() else {
+            return Poll::Ready(None);
+        };
+        ready!(tail.as_mut().poll(cx));
+        this.tail = None;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(DONE_EVENT)))))
+    }
+}
+
+/// What the backend answers: the JSON completion, or with `--stream-ms` an SSE stream.
+type Answer = Either<Full<Bytes>, SseAnswer>;
 
 #[derive(Default)]
 struct Stats {
@@ -101,12 +142,15 @@ impl tokio::io::AsyncWrite for CountingStream {
 struct Options {
     listen: SocketAddr,
     threads: usize,
+    /// `--stream-ms`: answer with an SSE stream whose last event comes this long after its first.
+    stream_tail: Option<Duration>,
 }
 
 fn usage(message: &str) -> ! {
     eprintln!("fast_backend: {message}");
     eprintln!(
-        "usage: fast_backend [--listen ADDR (default 127.0.0.1:0)] [--threads N (default 1)]"
+        "usage: fast_backend [--listen ADDR (default 127.0.0.1:0)] [--threads N (default 1)] \
+         [--stream-ms N (answer with an SSE stream lasting N ms)]"
     );
     std::process::exit(2);
 }
@@ -115,6 +159,7 @@ fn parse_args() -> Options {
     let mut options = Options {
         listen: "127.0.0.1:0".parse().expect("default address"),
         threads: 1,
+        stream_tail: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -143,6 +188,13 @@ fn parse_args() -> Options {
                     .filter(|n| *n >= 1)
                     .unwrap_or_else(|| usage(&format!("bad --threads {v:?}")));
             }
+            "--stream-ms" => {
+                let v = value();
+                let ms: u64 = v
+                    .parse()
+                    .unwrap_or_else(|_| usage(&format!("bad --stream-ms {v:?}")));
+                options.stream_tail = Some(Duration::from_millis(ms));
+            }
             "-h" | "--help" => usage("help"),
             other => usage(&format!("unknown argument {other:?}")),
         }
@@ -153,7 +205,8 @@ fn parse_args() -> Options {
 async fn handle(
     req: Request<Incoming>,
     stats: Arc<Stats>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+    stream_tail: Option<Duration>,
+) -> Result<Response<Answer>, Infallible> {
     if req.uri().path() == "/__stats" {
         let body = format!(
             "{{\"connections\":{},\"requests\":{},\"reads\":{}}}",
@@ -171,18 +224,29 @@ async fn handle(
             break;
         }
     }
-    Ok(json_response(Bytes::from_static(BODY)))
+    let Some(tail) = stream_tail else {
+        return Ok(json_response(Bytes::from_static(BODY)));
+    };
+    let answer = SseAnswer {
+        first_sent: false,
+        tail: Some(Box::pin(tokio::time::sleep(tail))),
+    };
+    Ok(Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .body(Either::Right(answer))
+        .expect("static response parts are valid"))
 }
 
-fn json_response(body: Bytes) -> Response<Full<Bytes>> {
+fn json_response(body: Bytes) -> Response<Answer> {
     Response::builder()
         .status(200)
         .header("content-type", "application/json")
-        .body(Full::new(body))
+        .body(Either::Left(Full::new(body)))
         .expect("static response parts are valid")
 }
 
-async fn serve(listener: TcpListener, stats: Arc<Stats>) {
+async fn serve(listener: TcpListener, stats: Arc<Stats>, stream_tail: Option<Duration>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -201,7 +265,7 @@ async fn serve(listener: TcpListener, stats: Arc<Stats>) {
         };
         let stats = Arc::clone(&stats);
         tokio::spawn(async move {
-            let service = service_fn(move |req| handle(req, Arc::clone(&stats)));
+            let service = service_fn(move |req| handle(req, Arc::clone(&stats), stream_tail));
             let _ = http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service)
@@ -225,6 +289,6 @@ fn main() {
         let mut stdout = std::io::stdout();
         let _ = writeln!(stdout, "{addr}");
         let _ = stdout.flush();
-        serve(listener, Arc::new(Stats::default())).await;
+        serve(listener, Arc::new(Stats::default()), options.stream_tail).await;
     });
 }
