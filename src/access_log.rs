@@ -4,6 +4,7 @@
 //! Never logs bodies, query strings or headers (so no `Authorization`): only the fields of
 //! [`AccessRecord`].
 
+use std::io::IsTerminal;
 use std::time::Duration;
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
@@ -125,7 +126,8 @@ where
 }
 
 /// Installs the process's logging: diagnostics to stderr filtered by `RUST_LOG` (default
-/// `info`), and, when `access` is set, the access log to stdout in that format, whatever
+/// `info`), coloured only when stderr is a terminal (a container's log, journald or a file
+/// gets plain text), and, when `access` is set, the access log to stdout in that format, whatever
 /// `RUST_LOG` says. Call once; later calls do nothing.
 ///
 /// Both filters state their most verbose level, so `tracing` (and pingora's `log` records,
@@ -138,6 +140,7 @@ pub fn init(access: Option<AccessLogFormat>) {
         Err(_) => env,
     };
     let diagnostics = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_filter(env);
     let access = access.map(|format| layer(format, std::io::stdout));

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the gpulb image with podman and checks it the way `docker run` would use it: the default
+# command (the demo) answers on the proxy and admin ports, runs as uid 10001, keeps its
+# HEALTHCHECK, passes it, finishes an SSE stream across `stop` (SIGTERM) with `[DONE]` and exits
+# 0; `gpulb sim` runs as a subcommand. Prints one line per check and exits non-zero on the first
+# that fails. From the repository root, as root, on a machine with podman:
+#   bash docker/check-image.sh
+# STAND_IN=1 first makes local stand-ins for the two base images, for machines that reach
+# Debian's mirror and crates.io but not docker.io: debian:bookworm-slim from debootstrap
+# (minbase), rust:1-bookworm from the same plus gcc and this machine's own Rust toolchain. Both
+# are tagged with the names the Dockerfile asks for, so the Dockerfile is built unchanged.
+# The checks bind 127.0.0.1:8080, :8081 and :18000 (host network); they must be free.
+set -euo pipefail
+
+IMAGE=${IMAGE:-localhost/gpulb:check}
+NAME=gpulb-check-$$
+WORK=$(mktemp -d)
+# podman's defaults raise rlimits a sandboxed root may not raise; runc with explicit limits
+# works where crun refuses (cgroups v1 hybrid hosts).
+RUNTIME=()
+if command -v runc >/dev/null 2>&1; then RUNTIME=(--runtime "$(command -v runc)"); fi
+LIMITS=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096)
+pm() { podman "${RUNTIME[@]}" "$@"; }
+
+cleanup() {
+  pm rm -f "$NAME" "$NAME-sim" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+ok() { echo "ok: $*"; }
+
+stand_in_bases() {
+  command -v debootstrap >/dev/null || fail "STAND_IN=1 needs debootstrap"
+  local slim=$WORK/slim rust=$WORK/rust toolchain
+  debootstrap --variant=minbase bookworm "$slim" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
+    || fail "debootstrap (see $WORK/debootstrap.log)"
+  # A sandbox that intercepts TLS has its own CA; the build stage's cargo must trust it.
+  mkdir -p "$slim/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$slim/usr/local/share/ca-certificates/" 2>/dev/null || true
+  tar -C "$slim" -c . | podman import - docker.io/library/debian:bookworm-slim >/dev/null 2>&1
+  cp -a "$slim" "$rust"
+  cp /etc/resolv.conf "$rust/etc/resolv.conf"
+  mount -t proc proc "$rust/proc"
+  chroot "$rust" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends gcc g++ libc6-dev make ca-certificates pkg-config && update-ca-certificates" \
+    >"$WORK/rust-base.log" 2>&1 || { umount "$rust/proc"; fail "rust stand-in (see $WORK/rust-base.log)"; }
+  umount "$rust/proc"
+  toolchain=$(rustc --print sysroot)
+  mkdir -p "$rust/usr/local/rust"
+  cp -a "$toolchain/." "$rust/usr/local/rust/"
+  rm -rf "$rust/usr/local/rust/share/doc"
+  tar -C "$rust" -c . | podman import \
+    --change 'ENV PATH=/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV CARGO_HOME=/usr/local/cargo' - docker.io/library/rust:1-bookworm >/dev/null 2>&1
+  ok "stand-in base images: debian:bookworm-slim (debootstrap minbase), rust:1-bookworm ($(rustc --version))"
+}
+
+wait_http() { # url, what
+  for _ in $(seq 1 60); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  fail "$2: $1 did not answer within 30 s"
+}
+
+[ "${STAND_IN:-0}" = 1 ] && stand_in_bases
+
+start=$(date +%s)
+# --format docker keeps HEALTHCHECK (the OCI image format has no field for it).
+podman build --format docker --isolation chroot --network host "${LIMITS[@]}" \
+  -f docker/Dockerfile -t "$IMAGE" . >"$WORK/build.log" 2>&1 \
+  || { tail -20 "$WORK/build.log"; fail "podman build"; }
+ok "built $IMAGE in $(($(date +%s) - start)) s, $(podman image inspect "$IMAGE" --format '{{.Size}}') bytes"
+
+user=$(podman image inspect "$IMAGE" --format '{{.Config.User}}')
+[ "$user" = 10001:10001 ] || fail "image user is '$user', not 10001:10001"
+health=$(podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}')
+case $health in *'"gpulb","probe"'*livez*) ;; *) fail "no HEALTHCHECK on /livez: $health" ;; esac
+ok "runs as $user; HEALTHCHECK $health"
+
+# podman's healthcheck timers need systemd, which a sandbox may lack: its complaints go to a log.
+pm run -d --name "$NAME" --network host "${LIMITS[@]}" "$IMAGE" >/dev/null 2>>"$WORK/podman.log"
+wait_http http://127.0.0.1:8081/livez "the default command's admin listener"
+curl -fsS http://127.0.0.1:8081/readyz | grep -q '"ready"' || fail "/readyz is not ready"
+models=$(curl -fsS http://127.0.0.1:8080/v1/models)
+case $models in *llama-3.1-8b*qwen2.5-32b*) ;; *) fail "/v1/models: $models" ;; esac
+answer=$(curl -fsS http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
+  -d '{"model":"llama-3.1-8b","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}')
+case $answer in *'"completion_tokens":8'*) ;; *) fail "chat completion: $answer" ;; esac
+[ "$(pm exec "$NAME" id -u)" = 10001 ] || fail "the process does not run as uid 10001"
+pm exec "$NAME" gpulb probe http://127.0.0.1:8081/livez >/dev/null || fail "the HEALTHCHECK command fails"
+ok "default command (demo): /livez, /readyz, /v1/models, a chat completion, uid 10001, HEALTHCHECK passes"
+
+curl -sN http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
+  -d '{"model":"qwen2.5-32b","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}' \
+  >"$WORK/stream" &
+streaming=$!
+sleep 0.5
+before=$(grep -c '^data: {' "$WORK/stream" || true)
+[ "$before" -lt 200 ] || fail "the stream was over before stop; nothing was drained"
+stop_start=$(date +%s.%N)
+pm stop -t 60 "$NAME" >/dev/null 2>>"$WORK/podman.log"
+stop_end=$(date +%s.%N)
+wait "$streaming" || fail "the stream's client failed across stop"
+tokens=$(grep -c '^data: {' "$WORK/stream" || true)
+tail -n 2 "$WORK/stream" | grep -q '^data: \[DONE\]' || fail "the stream ended without [DONE] after $tokens events"
+code=$(podman inspect "$NAME" --format '{{.State.ExitCode}}')
+[ "$code" = 0 ] || fail "exit code $code after stop"
+ok "stop (SIGTERM) at event $before of a 200-token stream: $tokens events then [DONE], exit 0, $(awk "BEGIN {printf \"%.1f\", $stop_end - $stop_start}") s"
+if pm logs "$NAME" 2>&1 | grep -q $'\e\['; then fail "the container log has terminal colour codes"; fi
+ok "the container log is plain text"
+
+pm run -d --name "$NAME-sim" --network host "${LIMITS[@]}" "$IMAGE" sim --listen 127.0.0.1:18000 \
+  >/dev/null 2>>"$WORK/podman.log"
+wait_http http://127.0.0.1:18000/v1/models "gpulb sim"
+curl -fsS http://127.0.0.1:18000/metrics | grep -q '^vllm:num_requests_running' || fail "sim /metrics"
+ok "gpulb sim as the command: /v1/models and vLLM-style /metrics"
+echo "image check passed: $IMAGE"
