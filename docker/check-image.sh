@@ -27,6 +27,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 ok() { echo "ok: $*"; }
@@ -36,11 +37,12 @@ stand_in_bases() {
   local slim=$WORK/slim rust=$WORK/rust toolchain
   debootstrap --variant=minbase bookworm "$slim" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
     || fail "debootstrap (see $WORK/debootstrap.log)"
-  # A sandbox that intercepts TLS has its own CA; the build stage's cargo must trust it.
-  mkdir -p "$slim/usr/local/share/ca-certificates"
-  cp /usr/local/share/ca-certificates/*.crt "$slim/usr/local/share/ca-certificates/" 2>/dev/null || true
   tar -C "$slim" -c . | podman import - docker.io/library/debian:bookworm-slim >/dev/null 2>&1
   cp -a "$slim" "$rust"
+  # A sandbox that intercepts TLS has its own CA: the build stage's cargo must trust it (the
+  # runtime stand-in does not get it; its apt-get fetches over http, as Debian's images do).
+  mkdir -p "$rust/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$rust/usr/local/share/ca-certificates/" 2>/dev/null || true
   cp /etc/resolv.conf "$rust/etc/resolv.conf"
   mount -t proc proc "$rust/proc"
   chroot "$rust" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -79,6 +81,10 @@ user=$(podman image inspect "$IMAGE" --format '{{.Config.User}}')
 health=$(podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}')
 case $health in *'"gpulb","probe"'*livez*) ;; *) fail "no HEALTHCHECK on /livez: $health" ;; esac
 ok "runs as $user; HEALTHCHECK $health"
+roots=$(pm run --rm "${LIMITS[@]}" --entrypoint /bin/sh "$IMAGE" -c \
+  'grep -c "BEGIN CERTIFICATE" /etc/ssl/certs/ca-certificates.crt' 2>>"$WORK/podman.log") \
+  || fail "no system root store (/etc/ssl/certs/ca-certificates.crt) for https backends"
+ok "system root store: $roots certificates"
 
 # podman's healthcheck timers need systemd, which a sandbox may lack: its complaints go to a log.
 pm run -d --name "$NAME" --network host "${LIMITS[@]}" "$IMAGE" >/dev/null 2>>"$WORK/podman.log"

@@ -369,6 +369,11 @@ fn the_image_runs_as_a_user_checks_livez_and_its_default_command_parses() {
     assert!(health[2].contains(&format!(":{}/", admin.port())));
     let ignore = std::fs::read_to_string(repo(".dockerignore")).unwrap();
     assert!(ignore.lines().any(|l| l.trim_end_matches('/') == "target"));
+    // https backends without `tls.ca_file` are verified against the system's roots.
+    assert!(
+        last_stage.contains("install -y --no-install-recommends ca-certificates"),
+        "the runtime image installs the system root store:\n{last_stage}"
+    );
 }
 
 fn gpulb(args: &[&str]) -> Command {
