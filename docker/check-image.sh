@@ -67,6 +67,13 @@ wait_http() { # url, what
   fail "$2: $1 did not answer within 30 s"
 }
 
+# Something else answering on these ports would pass the checks in the container's place.
+for port in 8080 8081 18000; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    fail "127.0.0.1:$port is already in use; stop what listens there first"
+  fi
+done
+
 [ "${STAND_IN:-0}" = 1 ] && stand_in_bases
 
 start=$(date +%s)
