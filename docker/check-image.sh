@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the gpulb image with podman and checks it the way `docker run` would use it: the default
-# command (the demo) answers on the proxy and admin ports, runs as uid 10001, keeps its
-# HEALTHCHECK, passes it, finishes an SSE stream across `stop` (SIGTERM) with `[DONE]` and exits
-# 0; `gpulb sim` runs as a subcommand. Prints one line per check and exits non-zero on the first
+# Builds the gpulb image with podman and checks it the way `docker run` would use it: it holds the
+# system root store; the default command (the demo) answers on the proxy and admin ports, runs as
+# uid 10001, keeps its HEALTHCHECK and passes it, finishes an SSE stream across `stop` (SIGTERM)
+# with `[DONE]`, exits 0 and logs without colour codes; `gpulb sim` runs as a subcommand. Prints one line per check and exits non-zero on the first
 # that fails. From the repository root, as root, on a machine with podman:
 #   bash docker/check-image.sh
 # STAND_IN=1 first makes local stand-ins for the two base images, for machines that reach
@@ -24,19 +24,23 @@ pm() { podman "${RUNTIME[@]}" "$@"; }
 
 cleanup() {
   pm rm -f "$NAME" "$NAME-sim" >/dev/null 2>&1 || true
+  # The rust stand-in's /proc, if a failure or a signal came while it was mounted.
+  if mountpoint -q "$WORK/rust/proc" 2>/dev/null; then umount "$WORK/rust/proc"; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# Fails naming `what`, with the end of `log` (the work folder, logs included, is removed on exit).
+fail_with_log() { tail -n 20 "$2" >&2; fail "$1"; }
 ok() { echo "ok: $*"; }
 
 stand_in_bases() {
   command -v debootstrap >/dev/null || fail "STAND_IN=1 needs debootstrap"
   local slim=$WORK/slim rust=$WORK/rust toolchain
   debootstrap --variant=minbase bookworm "$slim" http://deb.debian.org/debian >"$WORK/debootstrap.log" 2>&1 \
-    || fail "debootstrap (see $WORK/debootstrap.log)"
+    || fail_with_log "debootstrap of bookworm" "$WORK/debootstrap.log"
   tar -C "$slim" -c . | podman import - docker.io/library/debian:bookworm-slim >/dev/null 2>&1
   cp -a "$slim" "$rust"
   # A sandbox that intercepts TLS has its own CA: the build stage's cargo must trust it (the
@@ -47,7 +51,7 @@ stand_in_bases() {
   mount -t proc proc "$rust/proc"
   chroot "$rust" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends gcc g++ libc6-dev make ca-certificates pkg-config && update-ca-certificates" \
-    >"$WORK/rust-base.log" 2>&1 || { umount "$rust/proc"; fail "rust stand-in (see $WORK/rust-base.log)"; }
+    >"$WORK/rust-base.log" 2>&1 || fail_with_log "the rust stand-in's packages" "$WORK/rust-base.log"
   umount "$rust/proc"
   toolchain=$(rustc --print sysroot)
   mkdir -p "$rust/usr/local/rust"
@@ -80,7 +84,7 @@ start=$(date +%s)
 # --format docker keeps HEALTHCHECK (the OCI image format has no field for it).
 podman build --format docker --isolation chroot --network host "${LIMITS[@]}" \
   -f docker/Dockerfile -t "$IMAGE" . >"$WORK/build.log" 2>&1 \
-  || { tail -20 "$WORK/build.log"; fail "podman build"; }
+  || fail_with_log "podman build" "$WORK/build.log"
 ok "built $IMAGE in $(($(date +%s) - start)) s, $(podman image inspect "$IMAGE" --format '{{.Size}}') bytes"
 
 user=$(podman image inspect "$IMAGE" --format '{{.Config.User}}')

@@ -10,6 +10,7 @@ use clap::Parser;
 use common::{eventually, free_port, Killed, WAIT};
 use serde::Deserialize;
 use serde_yaml::Value;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -393,7 +394,14 @@ async fn gpulb_sim_serves_a_worker_and_gpulb_probe_tells_up_from_down() {
     let args = [
         "sim", "--listen", &listen, "--name", "gpu9", "--models", "m1",
     ];
-    let _sim = Killed(gpulb(&args).spawn().unwrap());
+    // Its log piped, as a container runtime or journald takes it.
+    let mut sim = Killed(
+        gpulb(&args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let health = format!("http://{listen}/health");
     eventually(WAIT, "gpulb sim to answer /health", || async {
         let probe = gpulb(&["probe", &health]).status().unwrap();
@@ -420,6 +428,17 @@ async fn gpulb_sim_serves_a_worker_and_gpulb_probe_tells_up_from_down() {
     assert!(!gpulb(&["probe", &missing]).status().unwrap().success());
     let closed = format!("http://127.0.0.1:{}/livez", free_port());
     assert!(!gpulb(&["probe", &closed]).status().unwrap().success());
+
+    sim.stop();
+    let mut log = String::new();
+    if let Some(mut err) = sim.0.stderr.take() {
+        let _ = err.read_to_string(&mut log);
+    }
+    assert!(log.contains("gpulb sim serving"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "a piped log has no terminal colour codes:\n{log}"
+    );
 }
 
 /// The first fenced YAML block after `heading` in the README.
