@@ -15,10 +15,9 @@ const MAX_WEIGHT: u32 = 50;
 /// What placement knows of each member of a pool for one class, in member order.
 #[derive(Debug)]
 pub struct PoolSpeeds {
-    /// Expected service time of the class on each member, in seconds.
-    secs: Vec<Option<f64>>,
-    /// Service time relative to the fastest eligible member, 1.0 when unknown.
-    ratios: Vec<f64>,
+    /// Each member's service time relative to the fastest eligible member's; `None` where no
+    /// class has measured it.
+    ratios: Vec<Option<f64>>,
 }
 
 impl PoolSpeeds {
@@ -29,9 +28,8 @@ impl PoolSpeeds {
     /// How much slower a member is than the fastest is taken from every class, each weighted
     /// by its samples there: a GPU at half speed is half as fast for every class, and a class
     /// of many short requests sees it long before (and far more steadily than) a class of few
-    /// long jobs. The class's own times set the scale: its expected time on a member is its
-    /// time at the fastest member's speed (averaged over the members it measured) times that
-    /// member's relative slowness.
+    /// long jobs. So a class that has measured nothing yet (the first bulk jobs still running,
+    /// or a replica that started after the others) already knows the slow GPU from the others.
     pub fn new(
         own: &[Option<Measured>],
         others: &[Vec<Option<Measured>>],
@@ -52,23 +50,13 @@ impl PoolSpeeds {
                 }))
             })
             .collect();
-        // The class's own time at the fastest speed: each measured member's time divided by
-        // its slowness.
-        let base = weighted_mean(
-            own.iter()
-                .zip(&ratios)
-                .filter_map(|(m, ratio)| Some((m.as_ref()?.secs / (*ratio)?, (*m)?))),
-        );
-        PoolSpeeds {
-            secs: ratios.iter().map(|r| Some(base? * (*r)?)).collect(),
-            ratios: ratios.iter().map(|r| r.unwrap_or(1.0)).collect(),
-        }
+        PoolSpeeds { ratios }
     }
 
     /// How much slower than the fastest member `member` is, in thousandths; members with no
     /// measurement count as fast as the fastest, so they get traffic and are measured.
     pub fn slowness_milli(&self, member: usize) -> u32 {
-        let ratio = self.ratios.get(member).copied().unwrap_or(1.0);
+        let ratio = self.ratio(member).unwrap_or(1.0);
         (ratio * f64::from(REFERENCE_SPEED)).clamp(f64::from(REFERENCE_SPEED), MAX_SLOWNESS_MILLI)
             as u32
     }
@@ -78,11 +66,14 @@ impl PoolSpeeds {
     /// It waits only when every clearly faster eligible member is full and those members are
     /// expected to free a slot for each of the `queued` requests of the class (this one
     /// included) before the time `chosen` would lose on the request has passed. A full member
-    /// with `n` requests in flight that each take `t` seconds there is taken to free `n / t`
-    /// slots a second — every request on it, other replicas' too (its `load`): theirs free
-    /// slots as fast as ours. Members this class has no estimate for never cause a wait. `size` is
-    /// the request's estimated work relative to the class's mean request (1 when unknown): a
-    /// job twice the usual size loses twice the time on a slower member.
+    /// with `n` requests in flight that each take `t` there is taken to free `n / t` slots per
+    /// unit of time — every request on it, other replicas' too (its `load`): theirs free slots
+    /// as fast as ours. Times are relative to the fastest member's: the class's own scale
+    /// cancels out (slots freed per unit of time, times the units lost), so the decision
+    /// needs no time of its own and is the same before and after its first job finishes.
+    /// Members no class has measured never cause a wait. `size` is the request's estimated work
+    /// relative to the class's mean request (1 when unknown): a job twice the usual size loses
+    /// twice the time on a slower member.
     pub fn should_hold(
         &self,
         chosen: usize,
@@ -90,26 +81,31 @@ impl PoolSpeeds {
         queued: usize,
         size: f64,
     ) -> bool {
-        let Some(chosen_secs) = self.secs.get(chosen).copied().flatten() else {
+        let Some(chosen_time) = self.ratio(chosen) else {
             return false;
         };
         let mut faster_rate = 0.0;
-        let mut fastest = chosen_secs;
+        let mut fastest = chosen_time;
         for (member, candidate) in candidates.iter().enumerate() {
-            let Some(secs) = self.secs.get(member).copied().flatten() else {
+            let Some(time) = self.ratio(member) else {
                 continue;
             };
-            if member == chosen || !candidate.eligible || secs * CLEARLY_FASTER > chosen_secs {
+            if member == chosen || !candidate.eligible || time * CLEARLY_FASTER > chosen_time {
                 continue;
             }
             if candidate.available() {
                 return false;
             }
-            faster_rate += f64::from(candidate.load) / secs.max(f64::EPSILON);
-            fastest = fastest.min(secs);
+            faster_rate += f64::from(candidate.load) / time.max(f64::EPSILON);
+            fastest = fastest.min(time);
         }
-        let time_saved = (chosen_secs - fastest) * size;
+        let time_saved = (chosen_time - fastest) * size;
         faster_rate > 0.0 && (queued as f64) < faster_rate * time_saved
+    }
+
+    /// `member`'s service time relative to the fastest's, where some class measured it.
+    fn ratio(&self, member: usize) -> Option<f64> {
+        self.ratios.get(member).copied().flatten()
     }
 }
 
@@ -245,7 +241,7 @@ mod tests {
     #[test]
     fn relative_speed_pools_every_class_by_its_samples() {
         // Three long jobs made member 1 look only 1.3x slower; fifty short requests on each
-        // member say 2x. The pooled view is close to 2x, and the long class keeps its scale.
+        // member say 2x. The pooled view is close to 2x.
         let few = |secs| Some(Measured { secs, samples: 3 });
         let many = |secs| Some(Measured { secs, samples: 50 });
         let speeds = PoolSpeeds::new(
@@ -255,10 +251,32 @@ mod tests {
         );
         let slowness = speeds.slowness_milli(1);
         assert!((1950..=1970).contains(&slowness), "{slowness}");
-        let fast = speeds.secs[0].unwrap();
-        let slow = speeds.secs[1].unwrap();
-        assert!((3.2..3.5).contains(&fast), "{fast}");
-        assert!((slow / fast - 1.96).abs() < 0.01, "{slow} / {fast}");
+    }
+
+    #[test]
+    fn a_class_that_has_measured_nothing_yet_holds_on_what_the_others_measured() {
+        // The first bulk jobs are still running (or this replica just started): only the
+        // short class has times, and it saw member 1 take twice as long as members 0 and 2.
+        let short_class = vec![vec![m(1.0), m(2.0), m(1.0)]];
+        let speeds = PoolSpeeds::new(&[None, None, None], &short_class, &[true; 3]);
+        assert_eq!(speeds.slowness_milli(1), 2000);
+        // The same decisions as once its own times are in (7 s and 14 s, as above).
+        let measured = PoolSpeeds::new(&[m(7.0), m(14.0), m(7.0)], &short_class, &[true; 3]);
+        let mut full = cand(7);
+        full.max_outstanding = 7;
+        let pool = [full, cand(2), full];
+        for queued in [1, 13, 14, 20] {
+            assert_eq!(
+                speeds.should_hold(1, &pool, queued, 1.0),
+                measured.should_hold(1, &pool, queued, 1.0),
+                "{queued} queued"
+            );
+        }
+        assert!(speeds.should_hold(1, &pool, 13, 1.0));
+        assert!(!speeds.should_hold(1, &pool, 14, 1.0));
+        // Nobody has measured anything: no waiting.
+        let cold = PoolSpeeds::new(&[None, None, None], &[vec![None; 3]], &[true; 3]);
+        assert!(!cold.should_hold(1, &pool, 1, 1.0));
     }
 
     #[test]
