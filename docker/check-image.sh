@@ -2,8 +2,9 @@
 # Builds the gpulb image with podman and checks it the way `docker run` would use it: it holds the
 # system root store; the default command (the demo) answers on the proxy and admin ports, runs as
 # uid 10001, keeps its HEALTHCHECK and passes it, finishes an SSE stream across `stop` (SIGTERM)
-# with `[DONE]`, exits 0 and logs without colour codes; `gpulb sim` runs as a subcommand. Prints one line per check and exits non-zero on the first
-# that fails. From the repository root, as root, on a machine with podman:
+# with `[DONE]`, exits 0 and logs without colour codes; `gpulb sim` runs as a subcommand. Prints
+# one line per check and exits non-zero on the first that fails. From the repository root, as
+# root, on a machine with podman:
 #   bash docker/check-image.sh
 # STAND_IN=1 first makes local stand-ins for the two base images, for machines that reach
 # Debian's mirror and crates.io but not docker.io: debian:bookworm-slim from debootstrap
