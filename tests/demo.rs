@@ -2,12 +2,12 @@
 
 mod common;
 
-use common::{eventually, free_port, Answer, Killed, Req, WAIT};
+use common::{eventually, free_port_pair, Answer, Killed, Req, WAIT};
 use std::process::{Command, Stdio};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_routes_a_streamed_chat_completion() {
-    let (port, admin) = (free_port(), free_port());
+    let (port, admin) = free_port_pair();
     let _demo = Killed(
         Command::new(env!("CARGO_BIN_EXE_gpulb"))
             .args([

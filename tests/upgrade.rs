@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, free_port, start_workers, Config, Killed, Req, WAIT};
+use common::{eventually, free_port_pair, start_workers, Config, Killed, Req, WAIT};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -65,7 +65,7 @@ fn request_loop(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_looping_through_a_binary_upgrade_see_no_error() {
     let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(30)).await;
-    let (port, admin) = (free_port(), free_port());
+    let (port, admin) = free_port_pair();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gpulb.yaml");
     let socket = dir.path().join("upgrade.sock");

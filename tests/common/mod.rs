@@ -45,6 +45,15 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// Two distinct free loopback ports, for a process's proxy and admin listeners: both are held
+/// while the second is picked (two [`free_port`] calls may hand back the same port).
+pub fn free_port_pair() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("no free loopback port");
+    let (first, second) = (bind(), bind());
+    let port = |l: &TcpListener| l.local_addr().expect("bound port").port();
+    (port(&first), port(&second))
+}
+
 /// Starts `n` simulated workers named w0.. with the profile `tune` shapes.
 pub async fn start_workers(n: usize, tune: impl Fn(&mut WorkerProfile)) -> Vec<SimWorker> {
     let mut workers = Vec::new();

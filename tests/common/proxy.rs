@@ -1,6 +1,6 @@
 //! The real `gpulb serve` process on free loopback ports, and waits on its `/status`.
 
-use super::{eventually, free_port, Killed, START_WAIT, WAIT};
+use super::{eventually, free_port_pair, Killed, START_WAIT, WAIT};
 use serde_json::Value;
 use std::fmt::Display;
 use std::net::SocketAddr;
@@ -49,7 +49,7 @@ impl Proxy {
     }
 
     async fn spawn_with(body: impl Display, admin_extra: &str, env: &[(&str, &str)]) -> Proxy {
-        let (port, admin_port) = (free_port(), free_port());
+        let (port, admin_port) = free_port_pair();
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("gpulb.yaml");
         let header = format!(
