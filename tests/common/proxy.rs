@@ -57,15 +57,17 @@ impl Proxy {
         );
         std::fs::write(&config_path, format!("{header}{body}")).expect("write config");
         let stdout = std::fs::File::create(dir.path().join("stdout.log")).expect("stdout file");
+        let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
         let child = Command::new(env!("CARGO_BIN_EXE_gpulb"))
             .args(["serve", "--config"])
             .arg(&config_path)
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .expect("spawn gpulb");
-        let proxy = Proxy {
+        let mut proxy = Proxy {
             child: Killed(child),
             url: format!("http://127.0.0.1:{port}"),
             admin: format!("http://127.0.0.1:{admin_port}"),
@@ -75,10 +77,21 @@ impl Proxy {
             header,
         };
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        eventually(START_WAIT, "gpulb to listen", || async {
-            let up = tokio::net::TcpStream::connect(addr).await.is_ok();
-            let status = reqwest::get(format!("{}/status", proxy.admin)).await.ok()?;
-            (up && status.status().is_success()).then_some(())
+        let status_url = format!("{}/status", proxy.admin);
+        let stderr_path = proxy._dir.path().join("stderr.log");
+        let child = &mut proxy.child.0;
+        eventually(START_WAIT, "gpulb to listen", || {
+            // A gpulb that refused its config has exited: say why now, not after START_WAIT.
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                panic!("gpulb exited before it listened ({status}); its stderr:\n{stderr}");
+            }
+            let status_url = status_url.clone();
+            async move {
+                let up = tokio::net::TcpStream::connect(addr).await.is_ok();
+                let status = reqwest::get(status_url).await.ok()?;
+                (up && status.status().is_success()).then_some(())
+            }
         })
         .await;
         proxy
@@ -87,6 +100,11 @@ impl Proxy {
     /// What the process wrote to stdout so far: its access log.
     pub fn stdout(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("stdout.log")).unwrap_or_default()
+    }
+
+    /// What the process wrote to stderr so far: its diagnostics (`RUST_LOG=warn`).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("stderr.log")).unwrap_or_default()
     }
 
     /// The access-log records written so far (JSON, the default format), one object each.
