@@ -78,13 +78,12 @@ impl Proxy {
         };
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let status_url = format!("{}/status", proxy.admin);
-        let stderr_path = proxy._dir.path().join("stderr.log");
         let child = &mut proxy.child.0;
         eventually(START_WAIT, "gpulb to listen", || {
-            // A gpulb that refused its config has exited: say why now, not after START_WAIT.
+            // A gpulb that refused its config has exited: say so now, not after START_WAIT (its
+            // stderr, which says why, is printed as the panic drops the proxy).
             if let Some(status) = child.try_wait().expect("try_wait") {
-                let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-                panic!("gpulb exited before it listened ({status}); its stderr:\n{stderr}");
+                panic!("gpulb exited before it listened ({status})");
             }
             let status_url = status_url.clone();
             async move {
@@ -296,4 +295,17 @@ fn named_field(status: &Value, list: &str, name: &str, field: &str) -> u64 {
         .and_then(|items| items.iter().find(|b| b["name"] == name))
         .and_then(|b| b[field].as_u64())
         .unwrap_or_else(|| panic!("no {list} entry {name} with {field} in {status}"))
+}
+
+impl Drop for Proxy {
+    /// A test that fails shows what gpulb wrote to stderr (the test harness captures it with
+    /// the test's own output); a passing test prints nothing.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let stderr = self.stderr();
+            if !stderr.is_empty() {
+                eprintln!("gpulb's stderr:\n{stderr}");
+            }
+        }
+    }
 }
