@@ -77,9 +77,15 @@ async fn a_body_streamed_unread_arrives_whole_after_its_header() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_expecting_100_continue_is_not_held() {
+async fn a_body_streamed_unread_keeps_its_100_continue_expectation_for_the_backend() {
+    // gpulb answers `Expect: 100-continue` itself only for a body it reads
+    // (tests/expect_continue.rs); one it streams unread goes on with the expectation, for the
+    // backend to answer, its header written first.
     let (url, seen) = recording_backend(ANSWER).await;
-    let proxy = Proxy::start(Config::new().backend(Backend::at("b0", &url).unchecked())).await;
+    let config = Config::new()
+        .backend(Backend::at("b0", &url).unchecked())
+        .set("request_body", "{max_bytes: 16, over_limit: forward}");
+    let proxy = Proxy::start(config).await;
     let body = common::completion(5, false);
     let answer = proxy
         .send(
@@ -91,5 +97,10 @@ async fn a_request_expecting_100_continue_is_not_held() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
-    assert!(seen[0].text().ends_with(&body));
+    let text = seen[0].text();
+    assert!(text.ends_with(&body), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("expect: 100-continue"),
+        "{text}"
+    );
 }

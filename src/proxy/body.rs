@@ -77,6 +77,9 @@ pub async fn read(
         None if !parse => return Ok(Ok(Body::Unread)),
         _ => {}
     }
+    if heads.expect_continue {
+        continue_upload(session).await?;
+    }
     let limit = length.map_or(max.min(RETRY_BUFFER), |n| n.min(max));
     let started = Instant::now();
     let mut left = config.timeouts.client_body;
@@ -121,6 +124,20 @@ pub async fn read(
     }
     let facts = request::parse(&bytes);
     Ok(Ok(Body::Held { bytes, facts }))
+}
+
+/// Tells a client that waits for `100 Continue` before it sends its body (curl does for bodies
+/// over 1 MiB, and so do .NET's and Java's HTTP clients) to send it now: gpulb reads the body
+/// before any backend is asked, so no backend's `100` could reach the client, which would wait
+/// out its own timeout (1 s for curl) first. nginx answers the expectation the same way when it
+/// reads a body. pingora closes a connection whose answer is written before the request body
+/// ended; a `100` is not the answer, so that rule is lifted while it is written.
+async fn continue_upload(session: &mut Session) -> Result<()> {
+    let downstream = session.as_downstream_mut();
+    downstream.set_close_on_response_before_downstream_finish(false);
+    let written = downstream.write_continue_response().await;
+    downstream.set_close_on_response_before_downstream_finish(true);
+    written
 }
 
 /// Puts the held body in place of what pingora is about to send upstream (its retry buffer's

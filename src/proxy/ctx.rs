@@ -50,6 +50,9 @@ pub struct RequestCtx {
     pub(crate) held_body: Option<bytes::Bytes>,
     /// The held body is not the one received (an alias rewritten to its model).
     pub(crate) body_rewritten: bool,
+    /// gpulb answered the client's `Expect: 100-continue` itself and holds the body, so the
+    /// expectation is not sent on (a backend's `100` would reach the client a second time).
+    pub(crate) continue_answered: bool,
     /// What the body says, when it was read and is a JSON request.
     pub(crate) facts: Option<BodyFacts>,
     /// The model asked for, after aliases.

@@ -35,7 +35,7 @@ pub fn record(session: &Session, e: Option<&Error>, ctx: &RequestCtx, access_log
     let ttfb = ctx
         .first_body_byte
         .map(|t| t.saturating_duration_since(started));
-    let status = match (session.response_written(), &ctx.failure) {
+    let status = match (super::respond::answer_written(session), &ctx.failure) {
         (Some(resp), _) => resp.status.as_u16(),
         (None, Some(failure)) => failure.status(),
         // Nothing was answered: the client left (nginx's 499).

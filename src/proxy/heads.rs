@@ -21,6 +21,9 @@ pub struct Heads<'a> {
     pub tenant: Option<&'a HeaderValue>,
     /// The configured `request_id_header`.
     pub request_id: Option<&'a HeaderValue>,
+    /// Whether an HTTP/1.1 request waits for `100 Continue` before it sends its body
+    /// (`Expect: 100-continue`, RFC 9110 section 10.1.1).
+    pub expect_continue: bool,
 }
 
 impl<'a> Heads<'a> {
@@ -37,6 +40,9 @@ impl<'a> Heads<'a> {
                 Some(&mut heads.content_length)
             } else if name == header::AUTHORIZATION {
                 Some(&mut heads.authorization)
+            } else if name == header::EXPECT {
+                heads.expect_continue |= value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+                None
             } else {
                 None
             };
@@ -51,6 +57,8 @@ impl<'a> Heads<'a> {
                 heads.request_id.get_or_insert(value);
             }
         }
+        // An HTTP/1.0 client is never sent a 1xx answer (RFC 9110 section 15.2).
+        heads.expect_continue &= req.version == http::Version::HTTP_11;
         heads
     }
 
@@ -62,6 +70,7 @@ impl<'a> Heads<'a> {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse().ok()),
             may_be_json: self.content_type.is_none_or(may_be_json),
+            expect_continue: self.expect_continue,
         }
     }
 }
@@ -74,6 +83,8 @@ pub struct BodyHeads {
     /// Whether its content type can be JSON (clients such as `curl -d` label JSON as a form;
     /// uploads are not).
     pub may_be_json: bool,
+    /// Whether the client waits for `100 Continue` before it sends the body.
+    pub expect_continue: bool,
 }
 
 /// Whether a body of `content_type` may be a JSON request: anything but a multipart upload or
@@ -129,7 +140,8 @@ mod tests {
             heads.body(),
             BodyHeads {
                 content_length: Some(42),
-                may_be_json: true
+                may_be_json: true,
+                expect_continue: false,
             }
         );
     }
@@ -160,7 +172,8 @@ mod tests {
             none.body(),
             BodyHeads {
                 content_length: None,
-                may_be_json: true
+                may_be_json: true,
+                expect_continue: false,
             }
         );
         for (value, json) in [
@@ -174,5 +187,21 @@ mod tests {
             assert_eq!(body.may_be_json, json, "{value}");
             assert_eq!(body.content_length, None);
         }
+    }
+
+    #[test]
+    fn only_an_http11_request_waits_for_100_continue() {
+        for (value, version, waits) in [
+            ("100-continue", http::Version::HTTP_11, true),
+            ("100-Continue", http::Version::HTTP_11, true),
+            ("100-continue", http::Version::HTTP_10, false),
+            ("something-else", http::Version::HTTP_11, false),
+        ] {
+            let mut req = request(&[("expect", value)]);
+            req.set_version(version);
+            let body = Heads::of(&req, &Compiled::default()).body();
+            assert_eq!(body.expect_continue, waits, "{value} {version:?}");
+        }
+        assert!(!Heads::of(&request(&[]), &Compiled::default()).expect_continue);
     }
 }

@@ -35,6 +35,8 @@ pub async fn intake(
 ) -> Result<Option<ProxyError>> {
     let config = &snapshot.config;
     let read = body::read(session, config, heads).await?;
+    ctx.continue_answered =
+        heads.expect_continue && matches!(read, Ok(Body::Buffered(_) | Body::Held { .. }));
     let (body_error, refusal) = match read {
         Ok(Body::Unread) => (None, None),
         Ok(Body::Buffered(bytes)) => {

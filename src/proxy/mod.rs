@@ -259,6 +259,9 @@ impl ProxyHttp for Gpulb {
                 upstream_request.insert_header(http::header::CONTENT_LENGTH, body.len())?;
             }
         }
+        if ctx.continue_answered {
+            upstream_request.remove_header(&http::header::EXPECT);
+        }
         // Hop-by-hop fields, and those the client's `Connection` header names, are gone
         // already: pingora strips them before this hook (its standard upstream request policy,
         // vendor/README.md, pingora-proxy's second change).
@@ -353,7 +356,7 @@ impl ProxyHttp for Gpulb {
             (f, _) => f.naming_backend(backend_name),
         });
         let code = match &failure {
-            Some(error) if session.response_written().is_none() => {
+            Some(error) if respond::answer_written(session).is_none() => {
                 // The connection closes after this answer: say so, or a client reusing it
                 // would meet a reset.
                 session.set_keepalive(None);

@@ -10,6 +10,14 @@ use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
+/// The final response header written to the client, if one was: a `100 Continue` gpulb sent
+/// before reading the body is not the answer, and an error can still follow it.
+pub fn answer_written(session: &Session) -> Option<&ResponseHeader> {
+    session
+        .response_written()
+        .filter(|resp| !resp.status.is_informational())
+}
+
 /// Writes the error response for `error`.
 pub async fn respond_error(
     session: &mut Session,
