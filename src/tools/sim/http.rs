@@ -20,8 +20,10 @@ use super::models::{NotServed, ServedModels};
 use super::openai::{self, Kind};
 use super::{completions, dcgm, metrics, Fault};
 
-/// Largest accepted generation request body.
-pub(crate) const MAX_BODY: usize = 1 << 20;
+/// Largest accepted generation request body: above gpulb's own default limit
+/// (`request_body.max_bytes`, 4 MiB), as for vLLM and SGLang, which set none, so a body the demo
+/// refuses is refused by gpulb, in gpulb's words.
+pub(crate) const MAX_BODY: usize = 8 << 20;
 /// Largest accepted `/echo` body.
 const MAX_ECHO_BODY: usize = 8 << 20;
 /// How much of an oversized body is read and discarded before answering 413.
