@@ -558,9 +558,10 @@ async fn abusive_clients_leave_no_descriptor_connection_or_slot_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_body_is_read_on_a_while_so_a_client_still_sending_meets_no_reset() {
     let workers = start_workers(1, |_| {}).await;
-    let proxy = Proxy::start(Config::fleet(&workers)).await;
-    // A chunked completion body over pingora's 64 KiB replay buffer is refused (413) with
-    // part of it unread.
+    let proxy =
+        Proxy::start(Config::fleet(&workers).set("request_body", "{max_bytes: 65536}")).await;
+    // A chunked completion body over `request_body.max_bytes` is refused (413) with part of it
+    // unread.
     let chunk = |n: usize| format!("{n:x}\r\n{}\r\n", "z".repeat(n));
     let mut raw = Raw::connect(&proxy.url).await;
     raw.send(format!(

@@ -226,20 +226,35 @@ async fn bodies_are_forwarded_byte_for_byte_and_limits_hold() {
     let json: Value = resp.json().await.unwrap();
     assert_eq!(json["body"], "{\"model\":\"m\",\"x\":[1,2]}");
     assert_eq!(json["headers"]["transfer-encoding"], "chunked");
-    // A chunked body can be held up to pingora's 64 KiB replay buffer only: 413, saying why.
-    let chunks: Vec<Result<String, std::io::Error>> =
-        (0..20).map(|_| Ok("z".repeat(5_000))).collect();
+    // A chunked body longer than pingora's 64 KiB retry buffer arrives whole too; one over
+    // `max_bytes` gets 413, saying so.
+    // 7,500 bytes each: a letter and an e-acute, 2,500 times.
+    let part = |i: usize| format!("{}\u{e9}", char::from(b'a' + (i % 26) as u8)).repeat(2_500);
+    let chunked_body = |parts: usize| {
+        let chunks: Vec<Result<String, std::io::Error>> = (0..parts).map(|i| Ok(part(i))).collect();
+        reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+    };
+    let expected: String = (0..30).map(part).collect();
     let resp = reqwest::Client::new()
         .post(format!("{}/echo", proxy.url))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
+        .body(chunked_body(30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let json: Value = resp.json().await.unwrap();
+    assert_eq!(json["body_len"], expected.len());
+    assert!(json["body"] == expected.as_str(), "chunked body changed");
+    assert_eq!(json["headers"]["transfer-encoding"], "chunked");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/echo", proxy.url))
+        .body(chunked_body(60))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 413);
     let text = resp.text().await.unwrap();
-    assert!(text.contains("send Content-Length"), "{text}");
+    assert!(text.contains("or more (chunked)"), "{text}");
     // Over the limit: 413 in OpenAI's shape, and nothing reaches the worker.
     let huge = Req::post("/echo", "x".repeat(300_001));
     let refused = proxy.send(&huge).await;

@@ -6,12 +6,12 @@
 //! `request_body.paths` are parsed as JSON requests; the rest are held as bytes.
 //!
 //! pingora forwards a body read in `request_filter` only through its retry buffer, which holds
-//! 64 KiB and is dropped whole once more is written to it. So buffering is turned on just
-//! before the read that completes the body: the buffer then holds the body's tail, pingora
+//! 64 KiB and is dropped whole once more is written to it. So once the body is in, the buffer is
+//! made to hold the body's tail (vendor/README.md, pingora-core's fifteenth change), pingora
 //! sends it as the first (and, the body being done, only) piece of the upstream body, and
 //! `request_body_filter` puts the whole held body in its place ([`replay`]). The bytes are
-//! forwarded exactly as received. A chunked body has no known end, so it is held only up to the
-//! buffer's size.
+//! forwarded exactly as received, chunked bodies (whose end is known only once read) up to the
+//! same limit as the others.
 
 use super::heads::BodyHeads;
 use crate::config::{Config, OverLimit};
@@ -80,17 +80,11 @@ pub async fn read(
     if heads.expect_continue {
         continue_upload(session).await?;
     }
-    let limit = length.map_or(max.min(RETRY_BUFFER), |n| n.min(max));
+    let limit = length.map_or(max, |n| n.min(max));
     let started = Instant::now();
     let mut left = config.timeouts.client_body;
     let mut held = BytesMut::with_capacity(length.unwrap_or(0).min(limit));
-    let mut buffering = false;
     loop {
-        let rest = length.map_or(0, |n| n.saturating_sub(held.len()));
-        if !buffering && rest <= RETRY_BUFFER {
-            session.as_downstream_mut().enable_retry_buffering();
-            buffering = true;
-        }
         // pingora's timeout makes its timer only if the read waits: a body that came in with
         // the header (most of them) is read without one.
         let chunk = match pingora_timeout::timeout(left, session.read_request_body()).await {
@@ -119,6 +113,10 @@ pub async fn read(
             .saturating_sub(started.elapsed());
     }
     let bytes = held.freeze();
+    if !bytes.is_empty() {
+        let tail = bytes.slice(bytes.len().saturating_sub(RETRY_BUFFER)..);
+        session.as_downstream_mut().reset_retry_buffer(&tail);
+    }
     if !parse {
         return Ok(Ok(Body::Buffered(bytes)));
     }

@@ -684,6 +684,18 @@ impl Session {
         }
     }
 
+    /// gpulb's patch (vendor/README.md, fifteenth change): makes the retry buffer hold just
+    /// `piece`, whatever it held or dropped before. Does nothing for a custom session (its
+    /// trait has no such method).
+    pub fn reset_retry_buffer(&mut self, piece: &Bytes) {
+        match self {
+            Self::H1(s) => s.reset_retry_buffer(piece),
+            Self::H2(s) => s.reset_retry_buffer(piece),
+            Self::Subrequest(s) => s.reset_retry_buffer(piece),
+            Self::Custom(_) => {}
+        }
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         match self {
             Self::H1(s) => s.get_retry_buffer(),

@@ -587,6 +587,18 @@ impl HttpSession {
         }
     }
 
+    /// gpulb's patch (vendor/README.md, fifteenth change): makes the retry buffer hold just
+    /// `piece` (up to its capacity, past which it is truncated as before), whatever it held or
+    /// dropped before: a body read whole before the upstream is chosen, longer than the
+    /// buffer, can then still be sent on through it.
+    pub fn reset_retry_buffer(&mut self, piece: &Bytes) {
+        let buffer = self
+            .retry_buffer
+            .get_or_insert_with(|| FixedBuffer::new(BODY_BUF_LIMIT));
+        buffer.clear();
+        buffer.write_to_buffer(piece);
+    }
+
     pub fn get_retry_buffer(&self) -> Option<Bytes> {
         self.retry_buffer.as_ref().and_then(|b| {
             if b.is_truncated() {
