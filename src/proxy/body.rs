@@ -7,7 +7,7 @@
 //!
 //! pingora forwards a body read in `request_filter` only through its retry buffer, which holds
 //! 64 KiB and is dropped whole once more is written to it. So once the body is in, the buffer is
-//! made to hold the body's tail (vendor/README.md, pingora-core's fifteenth change), pingora
+//! made to hold the body's last byte (vendor/README.md, pingora-core's fifteenth change), pingora
 //! sends it as the first (and, the body being done, only) piece of the upstream body, and
 //! `request_body_filter` puts the whole held body in its place ([`replay`]). The bytes are
 //! forwarded exactly as received, chunked bodies (whose end is known only once read) up to the
@@ -21,9 +21,6 @@ use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 use tokio::time::{timeout_at, Instant};
-
-/// pingora's retry buffer: the most of a body it can replay by itself.
-pub const RETRY_BUFFER: usize = 64 * 1024;
 
 /// A request body as read before routing.
 #[derive(Debug)]
@@ -113,9 +110,12 @@ pub async fn read(
             .saturating_sub(started.elapsed());
     }
     let bytes = held.freeze();
-    if !bytes.is_empty() {
-        let tail = bytes.slice(bytes.len().saturating_sub(RETRY_BUFFER)..);
-        session.as_downstream_mut().reset_retry_buffer(&tail);
+    if let Some(last) = bytes.len().checked_sub(1) {
+        // pingora needs a piece in its buffer to send; `replay` swaps in the whole body, so one
+        // byte is enough, and copying more would cost as much again as the read.
+        session
+            .as_downstream_mut()
+            .reset_retry_buffer(&bytes.slice(last..));
     }
     if !parse {
         return Ok(Ok(Body::Buffered(bytes)));
