@@ -106,6 +106,15 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
     assert_eq!(ids, ["llama", "qwen"]);
     assert_eq!(page["data"][0]["owned_by"], "gpulb-sim");
     assert_eq!(page["object"], "list");
+
+    // `GET /v1/models/{id}` (the clients' `models.retrieve`): one of them, answered by gpulb
+    // whichever backend serves it, or OpenAI's 404.
+    let one = proxy.send(&Req::get("/v1/models/qwen")).await;
+    assert_eq!((one.status, one.worker.as_str()), (200, ""), "{}", one.body);
+    assert_eq!(one.json(), page["data"][1]);
+    let none = proxy.send(&Req::get("/v1/models/gpt-5")).await;
+    assert_eq!(none.status, 404, "{}", none.body);
+    assert_eq!(none.json()["error"]["code"], "model_not_found");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,6 +164,11 @@ async fn configured_models_and_aliases_route_without_discovery() {
     assert_eq!(served_by(std::slice::from_ref(&aliased)), ["w0"]);
     assert_eq!(aliased.json()["model"], "gpt-4o-mini");
     assert_eq!(proxy.send(&chat("medium")).await.status, 404);
+    // An alias is retrieved under its own name, with its model's facts.
+    let retrieved = proxy.send(&Req::get("/v1/models/gpt-4o-mini")).await;
+    assert_eq!(retrieved.status, 200, "{}", retrieved.body);
+    assert_eq!(retrieved.json()["id"], "gpt-4o-mini");
+    assert_eq!(retrieved.json()["owned_by"], "gpulb");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ mod admit;
 mod batch;
 mod blame;
 mod body;
+mod catalog;
 mod ctx;
 mod finish;
 mod heads;
@@ -27,13 +28,13 @@ use crate::headers;
 use crate::health::AttemptFailure;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::Metrics;
-use crate::routing::{ModelInfo, Registry, Snapshot};
+use crate::routing::Registry;
 use async_trait::async_trait;
 use heads::Heads;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use respond::{refuse, request_id, respond_error, respond_models};
+use respond::{refuse, request_id, respond_error};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -66,20 +67,6 @@ impl Gpulb {
             batch_client,
         }
     }
-}
-
-/// For `GET /v1/models`, the models the fleet serves now, when any backend's list is known (else
-/// the request goes to a backend like any other).
-fn models_asked(session: &Session, snapshot: &Snapshot) -> Option<Vec<ModelInfo>> {
-    let req = session.req_header();
-    if req.method != http::Method::GET || req.uri.path() != "/v1/models" {
-        return None;
-    }
-    let known = snapshot
-        .backends
-        .iter()
-        .any(|b| b.state.models.get().is_some());
-    known.then(|| snapshot.served_models(crate::health::now_ms()))
 }
 
 #[async_trait]
@@ -121,9 +108,8 @@ impl ProxyHttp for Gpulb {
             session.set_keepalive(None);
             return refuse(session, ctx, error).await;
         }
-        if let Some(models) = models_asked(session, &snapshot) {
-            respond_models(session, ctx, &models).await?;
-            return Ok(true);
+        if let Some(asked) = catalog::asked(session, &snapshot) {
+            return catalog::answer(session, ctx, &snapshot, asked).await;
         }
         let refused = intake::intake(session, ctx, &snapshot, body_heads).await?;
         // A body streamed past this point (chunked, or over the read limit) is bounded per read.

@@ -3,7 +3,6 @@
 use super::ctx::RequestCtx;
 use crate::error::ProxyError;
 use crate::headers::RequestId;
-use crate::routing::ModelInfo;
 use bytes::Bytes;
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
@@ -48,29 +47,6 @@ pub async fn refuse(
     respond_error(session, ctx, &error).await?;
     ctx.failure = Some(error);
     Ok(true)
-}
-
-/// Answers `GET /v1/models` with `models`, in OpenAI's list shape.
-pub async fn respond_models(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    models: &[ModelInfo],
-) -> Result<()> {
-    let data: Vec<_> = models
-        .iter()
-        .map(|m| {
-            serde_json::json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by})
-        })
-        .collect();
-    let body = Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string());
-    let mut resp = ResponseHeader::build(200, Some(3))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if let Some(id) = &ctx.request_id {
-        resp.insert_header_name(&ctx.id_header(), id.value())?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
 }
 
 /// The client's request id (`client`, the request id field's value: up to 128 bytes) or a

@@ -1,4 +1,4 @@
-"""Drives gpulb with the official OpenAI Python client: models.list(), a chat completion,
+"""Drives gpulb with the official OpenAI Python client: models.list() and .retrieve(), a chat completion,
 a streamed one, and an unknown model. Prints "ok" when every check holds."""
 import sys
 
@@ -9,6 +9,13 @@ messages = [{"role": "user", "content": "hello"}]
 
 ids = sorted(m.id for m in client.models.list())
 assert ids == ["llama", "qwen"], ids
+one = client.models.retrieve("qwen")
+assert (one.id, one.object) == ("qwen", "model"), one
+try:
+    client.models.retrieve("gpt-5")
+    raise AssertionError("an unknown model was retrieved")
+except openai.NotFoundError as e:
+    assert e.code == "model_not_found", (e.code, e)
 
 answer = client.chat.completions.create(model="qwen", messages=messages, max_tokens=3)
 assert answer.model == "qwen", answer
