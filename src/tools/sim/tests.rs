@@ -202,9 +202,13 @@ async fn errors_have_openai_shape() {
         400,
         "prompt exceeding the KV budget is rejected"
     );
-    let r = within(c.post(&url).body(vec![b' '; (1 << 20) + 1]).send())
-        .await
-        .unwrap();
+    let r = within(
+        c.post(&url)
+            .body(vec![b' '; super::http::MAX_BODY + 1])
+            .send(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 413);
     let r = within(c.get(format!("{}/nope", w.url())).send())
         .await
