@@ -61,6 +61,10 @@ pub enum ProxyError {
         /// The body came without a `Content-Length`.
         chunked: bool,
     },
+    /// Reading the body would take the request bodies held in memory past
+    /// `request_body.max_held_bytes`.
+    #[error("gpulb holds as many request body bytes as it may ({0}, request_body.max_held_bytes); retry shortly")]
+    BodyMemoryFull(usize),
     /// The client did not send its whole body within `timeouts.client_body`.
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
@@ -100,7 +104,7 @@ impl ProxyError {
             ProxyError::ModelNotFound { .. } => 404,
             ProxyError::BodyTimeout(_) => 408,
             ProxyError::BodyTooLarge { .. } => 413,
-            ProxyError::ShuttingDown => 503,
+            ProxyError::ShuttingDown | ProxyError::BodyMemoryFull(_) => 503,
             ProxyError::ClientGone => 499,
             ProxyError::Unauthorized => 401,
             ProxyError::Internal(_) => 500,
@@ -121,6 +125,7 @@ impl ProxyError {
             ProxyError::ModelNotFound { .. } => "model_not_found",
             ProxyError::BodyTimeout(_) => "body_timeout",
             ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::BodyMemoryFull(_) => "body_memory_full",
             ProxyError::ShuttingDown => "shutting_down",
             ProxyError::ClientGone => "client_gone",
             ProxyError::Unauthorized => "invalid_api_key",
@@ -133,7 +138,7 @@ impl ProxyError {
         match self {
             ProxyError::NoBackendAvailable { retry_after, .. }
             | ProxyError::Shed { retry_after, .. } => Some(*retry_after),
-            ProxyError::ShuttingDown => Some(1),
+            ProxyError::ShuttingDown | ProxyError::BodyMemoryFull(_) => Some(1),
             _ => None,
         }
     }

@@ -580,3 +580,63 @@ async fn a_refused_body_is_read_on_a_while_so_a_client_still_sending_meets_no_re
         assert!(sent.is_ok(), "write {i} after the answer: {sent:?}");
     }
 }
+
+/// A completion body of exactly `len` bytes (a prompt of `x`s).
+fn completion_of_len(len: usize) -> String {
+    let shell = r#"{"model":"sim-model","max_tokens":1,"prompt":""}"#;
+    let prompt = "x".repeat(len - shell.len());
+    format!(r#"{{"model":"sim-model","max_tokens":1,"prompt":"{prompt}"}}"#)
+}
+
+fn completion_header(len: usize) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: gpulb\r\ncontent-type: application/json\r\n\
+         content-length: {len}\r\n\r\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_held_bytes_budget_get_503_before_they_are_read() {
+    let workers = start_workers(1, |_| {}).await;
+    let config = Config::fleet(&workers).set(
+        "request_body",
+        "{max_bytes: 100000, max_held_bytes: 150000}",
+    );
+    let proxy = Proxy::start(config).await;
+    // A holds 100,000 bytes of the budget while its upload is half sent.
+    let first = completion_of_len(100_000);
+    let mut a = Raw::connect(&proxy.url).await;
+    a.send(completion_header(first.len())).await;
+    a.send(&first[..50_000]).await;
+    common::eventually(WAIT, "A's body in the budget", || async {
+        let held = proxy.metric("gpulb_request_body_held_bytes").await;
+        (held == 100_000.0).then_some(())
+    })
+    .await;
+    // B's 60,000 would take the total past 150,000: refused at once, nothing read.
+    let second = completion_of_len(60_000);
+    let mut b = Raw::connect(&proxy.url).await;
+    b.send(completion_header(second.len())).await;
+    let refused = b.answer().await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert!(
+        refused.text.contains("body_memory_full"),
+        "{}",
+        refused.text
+    );
+    assert!(
+        refused.text.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        refused.text
+    );
+    // A finishes and is served; its share comes back, and B's body now fits.
+    a.send(&first[50_000..]).await;
+    assert_eq!(a.answer().await.status, 200);
+    common::eventually(WAIT, "A's share given back", || async {
+        let held = proxy.metric("gpulb_request_body_held_bytes").await;
+        (held == 0.0).then_some(())
+    })
+    .await;
+    let again = proxy.send(&Req::post("/v1/completions", second)).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+}

@@ -52,6 +52,7 @@ live_collectors! {
     waiting: GaugeVec = "gpulb_backend_server_waiting", "Requests queued inside the model server, as it reports.", ["backend"];
     kv_cache: GaugeVec = "gpulb_backend_kv_cache_usage_ratio", "The model server's KV-cache usage, 0..1.", ["backend"];
     prefix_hits: GaugeVec = "gpulb_backend_prefix_cache_hit_ratio", "Share of prompt tokens the model server found in its prefix cache, 0..1 (vLLM: since it started; SGLang: its cache_hit_rate).", ["backend"];
+    body_held: IntGaugeVec = "gpulb_request_body_held_bytes", "Request body bytes held in memory now (read before routing, kept until the request ends), against request_body.max_held_bytes.", [];
     prefix_entries: IntGaugeVec = "gpulb_prefix_index_entries", "Prompt prefix blocks the prefix_affinity index remembers now (each about 60 bytes).", [];
     telemetry_age: GaugeVec = "gpulb_telemetry_age_seconds", "Age of the backend's last telemetry reading.", ["backend"];
     telemetry_errors: IntCounterVec = "gpulb_telemetry_errors_total", "Telemetry scrapes of the backend that failed.", ["backend"];
@@ -153,6 +154,10 @@ impl Live {
         self.generation
             .with_label_values(none)
             .set(view.generation as i64);
+        let held = crate::proxy::body_budget::held_now();
+        self.body_held
+            .with_label_values(none)
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
         let hash = reload.map_or("builtin", |r| r.hash.as_str());
         self.config_info.with_label_values(&[hash]).set(1);
         if let Some(r) = reload {

@@ -179,6 +179,11 @@ pub(crate) fn body_paths() -> Vec<String> {
 pub(crate) fn body_max_bytes() -> usize {
     4 << 20
 }
+/// Most request-body bytes held at once: 256 MiB (a thousand 256 KiB prompts, or 64 bodies of
+/// the largest size).
+pub(crate) fn body_max_held_bytes() -> usize {
+    256 << 20
+}
 pub(crate) fn discover_models() -> bool {
     true
 }

@@ -21,6 +21,10 @@ pub struct RequestBodyConfig {
     /// What a body over `max_bytes` gets: `reject` (413) or `forward` (routed by its envelope).
     #[serde(default)]
     pub over_limit: OverLimit,
+    /// Most body bytes all requests together may hold in memory; a body that would go over it
+    /// gets 503 `body_memory_full` (with `Retry-After`) before it is read.
+    #[serde(default = "defaults::body_max_held_bytes")]
+    pub max_held_bytes: usize,
 }
 
 impl Default for RequestBodyConfig {
@@ -29,6 +33,7 @@ impl Default for RequestBodyConfig {
             paths: defaults::body_paths(),
             max_bytes: defaults::body_max_bytes(),
             over_limit: OverLimit::default(),
+            max_held_bytes: defaults::body_max_held_bytes(),
         }
     }
 }

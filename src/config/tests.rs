@@ -227,3 +227,20 @@ fn batching_is_off_unless_configured_and_its_limits_are_checked() {
     let errors = errors_of(&class("{max_size: 8}"));
     assert!(errors[0].contains("unknown field `max_size`"), "{errors:?}");
 }
+
+#[test]
+fn the_held_body_budget_defaults_to_256_mib_and_must_hold_one_largest_body() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.request_body.max_held_bytes, 256 << 20);
+    let errors = errors_of(&format!(
+        "{MINIMAL}\nrequest_body: {{max_bytes: 1000, max_held_bytes: 999}}\n"
+    ));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("request_body.max_held_bytes")
+            && errors[0].contains("request_body.max_bytes (1000)"),
+        "{errors:?}"
+    );
+    let fits = format!("{MINIMAL}\nrequest_body: {{max_bytes: 1000, max_held_bytes: 1000}}\n");
+    assert!(errors_of(&fits).is_empty());
+}

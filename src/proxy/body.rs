@@ -13,6 +13,7 @@
 //! forwarded exactly as received, chunked bodies (whose end is known only once read) up to the
 //! same limit as the others.
 
+use super::body_budget::BodyBudget;
 use super::heads::BodyHeads;
 use crate::config::{Config, OverLimit};
 use crate::error::ProxyError;
@@ -46,12 +47,14 @@ fn parsed(session: &Session, config: &Config, heads: BodyHeads) -> bool {
     heads.may_be_json && config.request_body.paths.iter().any(|p| p == path)
 }
 
-/// Reads the body of a request `config` wants read, framed as `heads` says. `Ok(Err(..))` is an
-/// answer for the client (413, 408); `Err` is a failure of the client connection.
+/// Reads the body of a request `config` wants read, framed as `heads` says, its bytes taken
+/// from the process's body budget into `budget`. `Ok(Err(..))` is an answer for the client
+/// (413, 408, 503); `Err` is a failure of the client connection.
 pub async fn read(
     session: &mut Session,
     config: &Config,
     heads: BodyHeads,
+    budget: &mut BodyBudget,
 ) -> Result<Result<Body, ProxyError>> {
     if session.as_downstream_mut().is_body_empty() {
         return Ok(Ok(Body::Unread));
@@ -73,6 +76,12 @@ pub async fn read(
         // A chunked upload has no known end: it streams, its stalls bounded per read.
         None if !parse => return Ok(Ok(Body::Unread)),
         _ => {}
+    }
+    let held_limit = config.request_body.max_held_bytes;
+    // A body of known length takes its share before a byte is read (or a `100 Continue` asks for
+    // it); a chunked one as its pieces come.
+    if !budget.take(length.unwrap_or(0), held_limit) {
+        return Ok(Err(ProxyError::BodyMemoryFull(held_limit)));
     }
     if heads.expect_continue {
         continue_upload(session).await?;
@@ -97,6 +106,9 @@ pub async fn read(
                 limit,
                 chunked,
             }));
+        }
+        if length.is_none() && !budget.take(chunk.len(), held_limit) {
+            return Ok(Err(ProxyError::BodyMemoryFull(held_limit)));
         }
         held.extend_from_slice(&chunk);
         // All of the announced length is in and pingora has marked the body done: the read that

@@ -48,6 +48,8 @@ pub struct RequestCtx {
     pub(crate) backend: Option<usize>,
     /// The request body, when gpulb read it (replayed to every attempt).
     pub(crate) held_body: Option<bytes::Bytes>,
+    /// The held body's share of `request_body.max_held_bytes`, given back with the context.
+    pub(crate) body_budget: super::body_budget::BodyBudget,
     /// The held body is not the one received (an alias rewritten to its model).
     pub(crate) body_rewritten: bool,
     /// gpulb answered the client's `Expect: 100-continue` itself and holds the body, so the

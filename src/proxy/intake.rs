@@ -34,7 +34,7 @@ pub async fn intake(
     heads: BodyHeads,
 ) -> Result<Option<ProxyError>> {
     let config = &snapshot.config;
-    let read = body::read(session, config, heads).await?;
+    let read = body::read(session, config, heads, &mut ctx.body_budget).await?;
     ctx.continue_answered =
         heads.expect_continue && matches!(read, Ok(Body::Buffered(_) | Body::Held { .. }));
     let (body_error, refusal) = match read {

@@ -9,6 +9,7 @@ mod admit;
 mod batch;
 mod blame;
 mod body;
+pub mod body_budget;
 mod catalog;
 mod ctx;
 mod finish;

@@ -204,6 +204,14 @@ impl Config {
             "request_body.max_bytes",
             "must be >= 1",
         );
+        report.check(
+            body.max_held_bytes >= body.max_bytes,
+            "request_body.max_held_bytes",
+            format!(
+                "must be at least request_body.max_bytes ({}), or a body of that size is never read",
+                body.max_bytes
+            ),
+        );
         let models = &self.models;
         let least = crate::config::defaults::MIN_POLL_INTERVAL;
         report.check(
