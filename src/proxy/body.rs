@@ -150,8 +150,8 @@ async fn continue_upload(session: &mut Session) -> Result<()> {
     written
 }
 
-/// Puts the held body in place of what pingora is about to send upstream (its retry buffer's
-/// tail of it); nothing changes for a body that was not held.
+/// Puts the held body in place of what pingora is about to send upstream (the one byte of it
+/// left in its retry buffer); nothing changes for a body that was not held.
 pub fn replay(held: Option<&Bytes>, body: &mut Option<Bytes>) {
     if let (Some(held), Some(piece)) = (held, body.as_mut()) {
         *piece = held.clone();
