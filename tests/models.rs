@@ -115,6 +115,38 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
     let none = proxy.send(&Req::get("/v1/models/gpt-5")).await;
     assert_eq!(none.status, 404, "{}", none.body);
     assert_eq!(none.json()["error"]["code"], "model_not_found");
+    // HEAD: the same header, no body.
+    let head = reqwest::Client::new()
+        .head(format!("{}/v1/models", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    assert!(
+        head.headers().get("x-sim-worker").is_none(),
+        "went to a backend"
+    );
+    assert_eq!(
+        head.headers()["content-length"],
+        list.body.len().to_string().as_str()
+    );
+    assert_eq!(head.bytes().await.unwrap().len(), 0);
+    // A HEAD answered 404 leaves the connection in step: the next request on it is answered.
+    let client = reqwest::Client::new();
+    let missing = client
+        .head(format!("{}/v1/models/gpt-5", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(missing.bytes().await.unwrap().len(), 0);
+    let after = client
+        .get(format!("{}/v1/models", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 200);
+    assert_eq!(after.text().await.unwrap(), list.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

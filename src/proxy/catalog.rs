@@ -1,5 +1,6 @@
 //! gpulb's own answers to the OpenAI model endpoints: `GET /v1/models` (the union of what the
-//! eligible backends serve) and `GET /v1/models/{id}` (one of those, or `model_not_found`).
+//! eligible backends serve) and `GET /v1/models/{id}` (one of those, or `model_not_found`);
+//! `HEAD` gets the same header without the body.
 
 use super::ctx::RequestCtx;
 use super::respond::refuse;
@@ -24,7 +25,7 @@ pub enum Asked {
 
 /// What `method` and `path` ask of the model endpoints, if they name one.
 fn asked_by(method: &http::Method, path: &str) -> Option<Asked> {
-    if method != http::Method::GET {
+    if method != http::Method::GET && method != http::Method::HEAD {
         return None;
     }
     let rest = path.strip_prefix(LIST)?;
@@ -97,8 +98,11 @@ pub async fn answer(
     if let Some(id) = &ctx.request_id {
         resp.insert_header_name(&ctx.id_header(), id.value())?;
     }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await?;
+    let head = session.req_header().method == http::Method::HEAD;
+    session.write_response_header(Box::new(resp), head).await?;
+    if !head {
+        session.write_response_body(Some(body), true).await?;
+    }
     Ok(true)
 }
 
@@ -107,7 +111,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_list_and_one_model_by_id_are_asked_by_get_only() {
+    fn the_list_and_one_model_by_id_are_asked_by_get_and_head_only() {
         let get = http::Method::GET;
         assert_eq!(asked_by(&get, "/v1/models"), Some(Asked::List));
         assert_eq!(
@@ -125,6 +129,10 @@ mod tests {
         for path in ["/v1/models/", "/v1/modelsx", "/v1/model", "/v2/models"] {
             assert_eq!(asked_by(&get, path), None, "{path}");
         }
+        assert_eq!(
+            asked_by(&http::Method::HEAD, "/v1/models/x"),
+            Some(Asked::One("x".into()))
+        );
         assert_eq!(asked_by(&http::Method::POST, "/v1/models"), None);
         assert_eq!(asked_by(&http::Method::DELETE, "/v1/models/x"), None);
     }
