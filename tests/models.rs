@@ -384,3 +384,32 @@ async fn a_long_job_goes_where_the_kv_cache_has_room_for_it() {
     short.dedup();
     assert_eq!(short, ["w0", "w1"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_reports_its_usage_is_counted_as_reported() {
+    // `stream_options.include_usage`: the stream's last chunk before `[DONE]` carries `usage`
+    // (vLLM and OpenAI do this, and so does the sim), and gpulb reads it from the stream's tail.
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let body = r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":5,
+        "stream":true,"stream_options":{"include_usage":true}}"#;
+    let answer = proxy
+        .send(&Req::post("/v1/chat/completions", body).header("content-type", "application/json"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let events: Vec<&str> = answer
+        .body
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{}", answer.body);
+    let usage: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 5, "{usage}");
+    let reported = "gpulb_tokens_total{class=\"default\",kind=\"completion_reported\"}";
+    common::eventually(
+        common::WAIT,
+        "the stream's reported tokens counted",
+        || async { (proxy.metric(reported).await == 5.0).then_some(()) },
+    )
+    .await;
+}

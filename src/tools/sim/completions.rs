@@ -76,6 +76,7 @@ pub(crate) async fn generate(
             req: greq,
             kind,
             die_after,
+            usage_sent: false,
             ended: false,
         });
     }
@@ -100,6 +101,8 @@ struct SseState {
     req: GenRequest,
     kind: Kind,
     die_after: Option<u32>,
+    /// The `usage` chunk of a stream asked for it went out (before `[DONE]`).
+    usage_sent: bool,
     ended: bool,
 }
 
@@ -120,6 +123,10 @@ fn sse_response(state: SseState) -> Response<Body> {
             Some(i) => {
                 st.sent += 1;
                 Ok(openai::stream_event(&st.id, &st.req, st.kind, i))
+            }
+            None if st.sent >= st.req.max_tokens && st.req.include_usage && !st.usage_sent => {
+                st.usage_sent = true;
+                Ok(openai::usage_event(&st.id, &st.req, st.kind, st.sent))
             }
             None if st.sent >= st.req.max_tokens => {
                 st.ended = true;

@@ -28,6 +28,12 @@ struct RawRequest {
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
 }
 
 /// A parsed generation request.
@@ -43,6 +49,9 @@ pub(crate) struct GenRequest {
     pub max_tokens: u32,
     /// Whether to answer with server-sent events.
     pub stream: bool,
+    /// Whether a stream ends with a `usage` chunk (`stream_options.include_usage`), as vLLM's
+    /// and OpenAI's do.
+    pub include_usage: bool,
 }
 
 /// Why a generation request is refused before it reaches the engine.
@@ -94,6 +103,10 @@ pub(crate) fn parse_request(
             .unwrap_or(default_max)
             .max(1),
         stream: raw.stream.unwrap_or(false),
+        include_usage: raw
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
     })
 }
 
@@ -150,6 +163,15 @@ pub(crate) fn error_body(message: &str, typ: &str, code: Value) -> Value {
     json!({"error": {"message": message, "type": typ, "param": null, "code": code}})
 }
 
+/// The `usage` object of a request that generated `completion_tokens`.
+fn usage(req: &GenRequest, completion_tokens: u32) -> Value {
+    json!({
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": req.prompt_tokens + completion_tokens as usize,
+    })
+}
+
 /// Full (non-streaming) response body.
 pub(crate) fn full_response(
     id: &str,
@@ -158,11 +180,7 @@ pub(crate) fn full_response(
     completion_tokens: u32,
 ) -> Value {
     let text: String = (0..completion_tokens).map(token_text).collect();
-    let usage = json!({
-        "prompt_tokens": req.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": req.prompt_tokens + completion_tokens as usize,
-    });
+    let usage = usage(req, completion_tokens);
     let (object, choice) = match kind {
         Kind::Completion => (
             "text_completion",
@@ -204,6 +222,23 @@ pub(crate) fn stream_event(id: &str, req: &GenRequest, kind: Kind, i: u32) -> St
     };
     let chunk = json!({"id": id, "object": object, "created": now_s(), "model": req.model,
                        "choices": [choice], "sim_emitted_at_ms": now_ms()});
+    format!("data: {chunk}\n\n")
+}
+
+/// The SSE event that ends a stream asked for `include_usage`: no choices, the `usage` of
+/// `completion_tokens`.
+pub(crate) fn usage_event(
+    id: &str,
+    req: &GenRequest,
+    kind: Kind,
+    completion_tokens: u32,
+) -> String {
+    let object = match kind {
+        Kind::Completion => "text_completion",
+        Kind::Chat => "chat.completion.chunk",
+    };
+    let chunk = json!({"id": id, "object": object, "created": now_s(), "model": req.model,
+                       "choices": [], "usage": usage(req, completion_tokens)});
     format!("data: {chunk}\n\n")
 }
 
@@ -268,6 +303,19 @@ mod tests {
         let full = full_response("x", &r, Kind::Completion, 2);
         assert_eq!(full["choices"][0]["text"], " tok0 tok1");
         assert_eq!(full["usage"]["total_tokens"], 3);
+        assert!(!r.include_usage);
+    }
+
+    #[test]
+    fn a_stream_asked_for_usage_ends_with_a_usage_chunk() {
+        let body = br#"{"prompt":"hi","max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}"#;
+        let r = parse_request(body, Kind::Chat, 16, &served()).unwrap();
+        assert!(r.include_usage);
+        let ev = usage_event("x", &r, Kind::Chat, 2);
+        let v: Value = serde_json::from_str(ev.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(v["choices"], json!([]));
+        assert_eq!(v["usage"]["completion_tokens"], 2);
+        assert_eq!(v["usage"]["total_tokens"], 3);
     }
 
     #[test]
