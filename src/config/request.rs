@@ -22,9 +22,18 @@ pub struct RequestBodyConfig {
     #[serde(default)]
     pub over_limit: OverLimit,
     /// Most body bytes all requests together may hold in memory; a body that would go over it
-    /// gets 503 `body_memory_full` (with `Retry-After`) before it is read.
-    #[serde(default = "defaults::body_max_held_bytes")]
-    pub max_held_bytes: usize,
+    /// gets 503 `body_memory_full` (with `Retry-After`) before it is read. Absent: 256 MiB, or
+    /// `max_bytes` where that is more ([`RequestBodyConfig::held_limit`]).
+    #[serde(default)]
+    pub max_held_bytes: Option<usize>,
+}
+
+impl RequestBodyConfig {
+    /// The budget in force for all held bodies together.
+    pub fn held_limit(&self) -> usize {
+        self.max_held_bytes
+            .unwrap_or_else(|| defaults::body_max_held_bytes().max(self.max_bytes))
+    }
 }
 
 impl Default for RequestBodyConfig {
@@ -33,7 +42,7 @@ impl Default for RequestBodyConfig {
             paths: defaults::body_paths(),
             max_bytes: defaults::body_max_bytes(),
             over_limit: OverLimit::default(),
-            max_held_bytes: defaults::body_max_held_bytes(),
+            max_held_bytes: None,
         }
     }
 }

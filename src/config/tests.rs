@@ -229,9 +229,13 @@ fn batching_is_off_unless_configured_and_its_limits_are_checked() {
 }
 
 #[test]
-fn the_held_body_budget_defaults_to_256_mib_and_must_hold_one_largest_body() {
+fn the_held_body_budget_defaults_to_256_mib_and_holds_one_largest_body() {
     let config = Config::from_yaml(MINIMAL).unwrap();
-    assert_eq!(config.request_body.max_held_bytes, 256 << 20);
+    assert_eq!(config.request_body.held_limit(), 256 << 20);
+    // Absent, it holds at least one body of the largest size.
+    let big = format!("{MINIMAL}\nrequest_body: {{max_bytes: 1000000000}}\n");
+    let config = Config::from_yaml(&big).unwrap();
+    assert_eq!(config.request_body.held_limit(), 1_000_000_000);
     let errors = errors_of(&format!(
         "{MINIMAL}\nrequest_body: {{max_bytes: 1000, max_held_bytes: 999}}\n"
     ));

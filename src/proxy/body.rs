@@ -77,7 +77,7 @@ pub async fn read(
         None if !parse => return Ok(Ok(Body::Unread)),
         _ => {}
     }
-    let held_limit = config.request_body.max_held_bytes;
+    let held_limit = config.request_body.held_limit();
     // A body of known length takes its share before a byte is read (or a `100 Continue` asks for
     // it); a chunked one as its pieces come.
     if !budget.take(length.unwrap_or(0), held_limit) {

@@ -205,7 +205,7 @@ impl Config {
             "must be >= 1",
         );
         report.check(
-            body.max_held_bytes >= body.max_bytes,
+            body.held_limit() >= body.max_bytes,
             "request_body.max_held_bytes",
             format!(
                 "must be at least request_body.max_bytes ({}), or a body of that size is never read",
