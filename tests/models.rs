@@ -115,8 +115,10 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
     let none = proxy.send(&Req::get("/v1/models/gpt-5")).await;
     assert_eq!(none.status, 404, "{}", none.body);
     assert_eq!(none.json()["error"]["code"], "model_not_found");
-    // HEAD: the same header, no body.
-    let head = reqwest::Client::new()
+    // HEAD: the same header, no body; a HEAD answered 404 leaves the connection in step (one
+    // client, so the requests share a kept-alive connection).
+    let client = reqwest::Client::new();
+    let head = client
         .head(format!("{}/v1/models", proxy.url))
         .send()
         .await
@@ -131,8 +133,6 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
         list.body.len().to_string().as_str()
     );
     assert_eq!(head.bytes().await.unwrap().len(), 0);
-    // A HEAD answered 404 leaves the connection in step: the next request on it is answered.
-    let client = reqwest::Client::new();
     let missing = client
         .head(format!("{}/v1/models/gpt-5", proxy.url))
         .send()

@@ -80,7 +80,7 @@ pub async fn read(
     let held_limit = config.request_body.held_limit();
     // A body of known length takes its share before a byte is read (or a `100 Continue` asks for
     // it); a chunked one as its pieces come.
-    if !budget.take(length.unwrap_or(0), held_limit) {
+    if length.is_some_and(|n| !budget.take(n, held_limit)) {
         return Ok(Err(ProxyError::BodyMemoryFull(held_limit)));
     }
     if heads.expect_continue {

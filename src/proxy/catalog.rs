@@ -1,13 +1,12 @@
 //! gpulb's own answers to the OpenAI model endpoints: `GET /v1/models` (the union of what the
 //! eligible backends serve) and `GET /v1/models/{id}` (one of those, or `model_not_found`);
-//! `HEAD` gets the same header without the body.
+//! `HEAD` gets the same header without the body (pingora writes none for a `HEAD`).
 
 use super::ctx::RequestCtx;
-use super::respond::refuse;
+use super::respond::{refuse, respond_json};
 use crate::error::ProxyError;
 use crate::routing::{ModelInfo, Snapshot};
 use bytes::Bytes;
-use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -92,17 +91,7 @@ pub async fn answer(
         },
     };
     let body = Bytes::from(object.to_string());
-    let mut resp = ResponseHeader::build(200, Some(3))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if let Some(id) = &ctx.request_id {
-        resp.insert_header_name(&ctx.id_header(), id.value())?;
-    }
-    let head = session.req_header().method == http::Method::HEAD;
-    session.write_response_header(Box::new(resp), head).await?;
-    if !head {
-        session.write_response_body(Some(body), true).await?;
-    }
+    respond_json(session, ctx, 200, body, None).await?;
     Ok(true)
 }
 

@@ -17,6 +17,29 @@ pub fn answer_written(session: &Session) -> Option<&ResponseHeader> {
         .filter(|resp| !resp.status.is_informational())
 }
 
+/// Writes an answer of gpulb's own: `status`, the JSON `body`, the request id and, when given,
+/// `Retry-After`.
+pub async fn respond_json(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u64>,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(seconds) = retry_after {
+        resp.insert_header("retry-after", seconds.to_string())?;
+    }
+    if let Some(id) = &ctx.request_id {
+        resp.insert_header_name(&ctx.id_header(), id.value())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    // For a HEAD request pingora sends the header alone (its body writer takes no bytes).
+    session.write_response_body(Some(body), true).await
+}
+
 /// Writes the error response for `error`.
 pub async fn respond_error(
     session: &mut Session,
@@ -24,17 +47,7 @@ pub async fn respond_error(
     error: &ProxyError,
 ) -> Result<()> {
     let body = Bytes::from(error.body());
-    let mut resp = ResponseHeader::build(error.status(), Some(4))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if let Some(seconds) = error.retry_after() {
-        resp.insert_header("retry-after", seconds.to_string())?;
-    }
-    if let Some(id) = &ctx.request_id {
-        resp.insert_header_name(&ctx.id_header(), id.value())?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
+    respond_json(session, ctx, error.status(), body, error.retry_after()).await
 }
 
 /// Answers `error` as the end of the request (recorded as its failure); `Ok(true)` tells
