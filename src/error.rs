@@ -79,6 +79,9 @@ pub enum ProxyError {
         /// The models served now, sorted.
         served: Vec<String>,
     },
+    /// The body names no model, and the backends of its class serve different ones.
+    #[error("The request names no model, and this address serves several: {}; name one in the body's \"model\"", .0.join(", "))]
+    ModelRequired(Vec<String>),
     /// Tenants come from API keys, and the request has no known key (`tenants.reject_unknown`).
     #[error("missing or unknown API key; send Authorization: Bearer <key>")]
     Unauthorized,
@@ -100,7 +103,9 @@ impl ProxyError {
             | ProxyError::UpstreamTls(_)
             | ProxyError::UpstreamFailed(_) => 502,
             ProxyError::UpstreamTimeout(_) => 504,
-            ProxyError::BadRequest(_) | ProxyError::InvalidBody(_) => 400,
+            ProxyError::BadRequest(_)
+            | ProxyError::InvalidBody(_)
+            | ProxyError::ModelRequired(_) => 400,
             ProxyError::ModelNotFound { .. } => 404,
             ProxyError::BodyTimeout(_) => 408,
             ProxyError::BodyTooLarge { .. } => 413,
@@ -123,6 +128,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) => "bad_request",
             ProxyError::InvalidBody(_) => "invalid_body",
             ProxyError::ModelNotFound { .. } => "model_not_found",
+            ProxyError::ModelRequired(_) => "model_required",
             ProxyError::BodyTimeout(_) => "body_timeout",
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::BodyMemoryFull(_) => "body_memory_full",

@@ -203,6 +203,49 @@ async fn configured_models_and_aliases_route_without_discovery() {
     assert_eq!(retrieved.json()["owned_by"], "gpulb");
 }
 
+/// A chat completion whose body names no model.
+fn chat_without_model() -> Req {
+    Req::post(
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_naming_no_model_is_refused_where_the_answer_would_depend_on_the_backend() {
+    let workers = two_model_fleet().await;
+    let proxy = Proxy::start(discovering(&workers)).await;
+    lists_known(&proxy).await;
+    let refused = proxy.send(&chat_without_model()).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "model_required");
+    assert!(
+        refused.body.contains("serves several: llama, qwen"),
+        "{}",
+        refused.body
+    );
+    // A body not read (off request_body.paths) is not looked at, as before.
+    let unread = proxy.send(&Req::post("/other", "{}")).await;
+    assert_eq!(unread.status, 404, "the sim's own answer: {}", unread.body);
+
+    // With models.default, such a request goes where that model is served, body untouched.
+    let config = discovering(&workers).set("models", "{interval: 100ms, default: qwen}");
+    let defaulting = Proxy::start(config).await;
+    lists_known(&defaulting).await;
+    let defaulted = served_by(&defaulting.send_n(6, &chat_without_model()).await);
+    assert!(
+        defaulted.iter().all(|w| w == "w2" || w == "w3"),
+        "{defaulted:?}"
+    );
+
+    // Where every backend serves the same models, any backend answers it, as before.
+    let same = start_workers(2, |p| *p = p.clone().serving(&["llama"])).await;
+    let one_model = Proxy::start(discovering(&same)).await;
+    lists_known(&one_model).await;
+    let answered = one_model.send_n(4, &chat_without_model()).await;
+    assert!(answered.iter().all(|r| r.status == 200), "{answered:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classes_are_chosen_from_the_body_alone() {
     let workers = start_workers(2, |_| {}).await;

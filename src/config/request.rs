@@ -79,6 +79,11 @@ pub struct ModelsConfig {
     /// value changes), for servers that know the model by its own name only.
     #[serde(default)]
     pub rewrite_aliases: bool,
+    /// The model a request whose body names none is routed as (its body forwarded untouched).
+    /// Unset, such a request goes to any backend of its class while they all serve the same
+    /// models, and gets `400 model_required` when they do not.
+    #[serde(default)]
+    pub default: Option<String>,
 }
 
 impl Default for ModelsConfig {
@@ -89,6 +94,7 @@ impl Default for ModelsConfig {
             timeout: defaults::discover_timeout(),
             aliases: BTreeMap::new(),
             rewrite_aliases: false,
+            default: None,
         }
     }
 }

@@ -248,3 +248,14 @@ fn the_held_body_budget_defaults_to_256_mib_and_holds_one_largest_body() {
     let fits = format!("{MINIMAL}\nrequest_body: {{max_bytes: 1000, max_held_bytes: 1000}}\n");
     assert!(errors_of(&fits).is_empty());
 }
+
+#[test]
+fn a_default_model_must_name_one() {
+    let errors = errors_of(&format!("{MINIMAL}\nmodels: {{default: ''}}\n"));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("models.default"), "{errors:?}");
+    let named = format!("{MINIMAL}\nmodels: {{default: llama-3.1-8b}}\n");
+    assert!(errors_of(&named).is_empty());
+    let config = Config::from_yaml(&named).unwrap();
+    assert_eq!(config.models.default.as_deref(), Some("llama-3.1-8b"));
+}

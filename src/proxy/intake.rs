@@ -7,7 +7,7 @@ use super::heads::BodyHeads;
 use crate::error::ProxyError;
 use crate::request::BodyFacts;
 use crate::routing::classify::{BodyView, Envelope};
-use crate::routing::{Demand, Snapshot};
+use crate::routing::{Demand, ModelRefusal, Snapshot};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -47,7 +47,7 @@ pub async fn intake(
             ctx.held_body = Some(bytes);
             match facts {
                 Ok(facts) => {
-                    let asked = facts.model.as_deref();
+                    let asked = facts.model.as_deref().or(config.models.default.as_deref());
                     let alias = asked.and_then(|m| config.models.aliases.get(m));
                     ctx.model = alias.map(String::as_str).or(asked).map(str::to_string);
                     if let (Some(model), true) = (alias, config.models.rewrite_aliases) {
@@ -92,7 +92,11 @@ pub async fn intake(
     if refusal.is_some() {
         return Ok(refusal);
     }
-    match snapshot.model_route(ctx.class, ctx.model.as_deref()) {
+    let route = match (&ctx.facts, ctx.model.as_deref()) {
+        (Some(_), None) => snapshot.unnamed_model_route(ctx.class),
+        (_, model) => snapshot.model_route(ctx.class, model),
+    };
+    match route {
         Ok(route) => {
             let tokens = ctx.facts.as_ref().map_or(0, BodyFacts::estimated_tokens);
             if tokens > 0 {
@@ -109,9 +113,10 @@ pub async fn intake(
             };
             Ok(None)
         }
-        Err(served) => Ok(Some(ProxyError::ModelNotFound {
+        Err(ModelRefusal::NotServed(served)) => Ok(Some(ProxyError::ModelNotFound {
             model: ctx.model.clone().unwrap_or_default(),
             served,
         })),
+        Err(ModelRefusal::Required(served)) => Ok(Some(ProxyError::ModelRequired(served))),
     }
 }

@@ -19,7 +19,7 @@ pub mod service_time;
 mod snapshot;
 mod state;
 
-pub use models::{ModelInfo, ModelList, ModelRoute, ModelSource};
+pub use models::{ModelInfo, ModelList, ModelRefusal, ModelRoute, ModelSource};
 pub use queues::ClassQueues;
 pub use select::Demand;
 pub use snapshot::{Backend, Class, Pool, Registry, Snapshot};

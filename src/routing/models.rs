@@ -110,14 +110,25 @@ impl ModelRoute {
     }
 }
 
+/// Why a request cannot be placed by its model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelRefusal {
+    /// No backend of the class's pools serves the model named; the models they serve.
+    NotServed(Vec<String>),
+    /// The body names no model, and the class's backends do not all serve the same models, so
+    /// which model answers would depend on the backend; the models they serve.
+    Required(Vec<String>),
+}
+
 impl Snapshot {
-    /// Where a request of class `class` naming `model` (after aliases) may go; the models its
-    /// pools serve when none serves `model` and every backend's list is known.
+    /// Where a request of class `class` naming `model` (after aliases; `None` when its body was
+    /// not read) may go; refused when none of its pools serves `model` and every backend's
+    /// list is known.
     pub fn model_route(
         &self,
         class: usize,
         model: Option<&str>,
-    ) -> Result<ModelRoute, Vec<String>> {
+    ) -> Result<ModelRoute, ModelRefusal> {
         let Some(model) = model else {
             return Ok(ModelRoute::Any);
         };
@@ -135,18 +146,46 @@ impl Snapshot {
             (false, _, _) => Ok(ModelRoute::Any),
             (true, true, _) => Ok(ModelRoute::Listed(model.into())),
             (true, false, true) => Ok(ModelRoute::Unlisted),
-            (true, false, false) => {
-                let ids = self.class_members(class).flat_map(|b| {
-                    let list = b.state.models.get();
-                    list.map(|l| l.models.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
-                        .unwrap_or_default()
-                });
-                let mut served: Vec<String> = ids.collect();
-                served.sort();
-                served.dedup();
-                Err(served)
+            (true, false, false) => Err(ModelRefusal::NotServed(self.class_models(class))),
+        }
+    }
+
+    /// Where a request of class `class` whose body names no model may go: any backend while
+    /// every one of its pools' backends serves the same models (or some list is not known
+    /// yet); refused when their lists differ.
+    pub fn unnamed_model_route(&self, class: usize) -> Result<ModelRoute, ModelRefusal> {
+        let mut first: Option<Vec<&str>> = None;
+        let mut lists = Vec::new();
+        for b in self.class_members(class) {
+            match b.state.models.get() {
+                None => return Ok(ModelRoute::Any),
+                Some(list) => lists.push(list),
             }
         }
+        for list in &lists {
+            let mut ids: Vec<&str> = list.models.iter().map(|m| m.id.as_str()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            match &first {
+                None => first = Some(ids),
+                Some(seen) if *seen == ids => {}
+                Some(_) => return Err(ModelRefusal::Required(self.class_models(class))),
+            }
+        }
+        Ok(ModelRoute::Any)
+    }
+
+    /// The models the backends of `class`'s pools list, sorted, once each.
+    fn class_models(&self, class: usize) -> Vec<String> {
+        let ids = self.class_members(class).flat_map(|b| {
+            let list = b.state.models.get();
+            list.map(|l| l.models.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        });
+        let mut served: Vec<String> = ids.collect();
+        served.sort();
+        served.dedup();
+        served
     }
 
     /// The backends of `class`'s pool and fallback pool.

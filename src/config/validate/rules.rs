@@ -228,6 +228,9 @@ impl Config {
                 report.error(at, format!("{model:?} is an alias itself; name the model"));
             }
         }
+        if let Some(model) = &models.default {
+            report.check(!model.is_empty(), "models.default", "must name a model");
+        }
         for (i, backend) in self.backends.iter().enumerate() {
             let Some(list) = &backend.models else {
                 continue;
