@@ -35,24 +35,11 @@ fn discovering(workers: &[SimWorker]) -> Config {
     Config::fleet(workers).set("models", "{interval: 100ms}")
 }
 
-/// Waits until `/status` shows a model list on every backend; the status then.
-async fn lists_known(proxy: &Proxy) -> Value {
-    proxy
-        .wait_status("every backend's models known", |s| {
-            let backends = s["backends"].as_array()?;
-            backends
-                .iter()
-                .all(|b| b["models"].is_object())
-                .then(|| s.clone())
-        })
-        .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_models_route_requests_and_unknown_models_get_404() {
     let workers = two_model_fleet().await;
     let proxy = Proxy::start(discovering(&workers)).await;
-    let status = lists_known(&proxy).await;
+    let status = proxy.wait_models_known().await;
     assert_eq!(status["backends"][0]["models"]["source"], "discovered");
 
     let llama = served_by(&proxy.send_n(8, &chat("llama")).await);
@@ -153,7 +140,7 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
 async fn a_model_that_disappears_from_a_backend_stops_going_there() {
     let workers = two_model_fleet().await;
     let proxy = Proxy::start(discovering(&workers)).await;
-    lists_known(&proxy).await;
+    proxy.wait_models_known().await;
     workers[1].set_models(vec!["mistral".into()]);
     proxy
         .wait_status("w1 to list mistral", |s| {
@@ -215,7 +202,7 @@ fn chat_without_model() -> Req {
 async fn a_body_naming_no_model_is_refused_where_the_answer_would_depend_on_the_backend() {
     let workers = two_model_fleet().await;
     let proxy = Proxy::start(discovering(&workers)).await;
-    lists_known(&proxy).await;
+    proxy.wait_models_known().await;
     let refused = proxy.send(&chat_without_model()).await;
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "model_required");
@@ -231,7 +218,7 @@ async fn a_body_naming_no_model_is_refused_where_the_answer_would_depend_on_the_
     // With models.default, such a request goes where that model is served, body untouched.
     let config = discovering(&workers).set("models", "{interval: 100ms, default: qwen}");
     let defaulting = Proxy::start(config).await;
-    lists_known(&defaulting).await;
+    defaulting.wait_models_known().await;
     let defaulted = served_by(&defaulting.send_n(6, &chat_without_model()).await);
     assert!(
         defaulted.iter().all(|w| w == "w2" || w == "w3"),
@@ -241,7 +228,7 @@ async fn a_body_naming_no_model_is_refused_where_the_answer_would_depend_on_the_
     // Where every backend serves the same models, any backend answers it, as before.
     let same = start_workers(2, |p| *p = p.clone().serving(&["llama"])).await;
     let one_model = Proxy::start(discovering(&same)).await;
-    lists_known(&one_model).await;
+    one_model.wait_models_known().await;
     let answered = one_model.send_n(4, &chat_without_model()).await;
     assert!(answered.iter().all(|r| r.status == 200), "{answered:?}");
 }

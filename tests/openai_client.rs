@@ -15,15 +15,7 @@ async fn the_openai_python_client_works_through_gpulb() {
     })
     .await;
     let proxy = Proxy::start(Config::fleet(&workers).set("models", "{interval: 100ms}")).await;
-    proxy
-        .wait_status("both model lists known", |s| {
-            let backends = s["backends"].as_array()?;
-            backends
-                .iter()
-                .all(|b| b["models"].is_object())
-                .then_some(())
-        })
-        .await;
+    proxy.wait_models_known().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/openai_client.py");
     let url = proxy.url.clone();
     let out = tokio::task::spawn_blocking(move || {

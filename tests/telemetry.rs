@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use gpulb::telemetry::nvml::DeviceReading;
 use gpulb::telemetry::{
-    poll, scrape, GpuReading, GpuSelector, PollTarget, ServerKind, SourceConfig, SourceKind,
-    Telemetry, TelemetryError,
+    poll, scrape, GpuReading, GpuSelector, OwnServer, PollTarget, ServerKind, SourceConfig,
+    SourceKind, Telemetry, TelemetryError,
 };
 use gpulb::tools::agent::{self, GpuSource};
 use gpulb::tools::sim::{SimWorker, WorkerProfile};
@@ -73,7 +73,7 @@ fn start_poll(sources: Vec<SourceConfig>, backend_url: String) -> Poller {
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(poll(
         sources,
-        backend_url,
+        OwnServer::at(&backend_url),
         None,
         sink.clone(),
         errors.clone(),
@@ -289,7 +289,7 @@ async fn scrape_errors_name_their_cause() {
         gpus: vec![],
     });
     assert_eq!(
-        scrape(&s, "", None).await,
+        scrape(&s, &OwnServer::at(""), None).await,
         Err(TelemetryError::Status {
             url: format!("{}/nope", worker.url()),
             status: 404
@@ -301,7 +301,7 @@ async fn scrape_errors_name_their_cause() {
         gpus: vec![GpuSelector::Index(3)],
     });
     assert_eq!(
-        scrape(&s, "", None).await,
+        scrape(&s, &OwnServer::at(""), None).await,
         Err(TelemetryError::GpuNotFound("3".into()))
     );
     // The wrong server kind: no series, not zeros.
@@ -309,7 +309,7 @@ async fn scrape_errors_name_their_cause() {
         server: ServerKind::Tgi,
         url: None,
     });
-    let e = scrape(&s, &worker.url(), None).await;
+    let e = scrape(&s, &OwnServer::at(&worker.url()), None).await;
     assert!(matches!(e, Err(TelemetryError::NoSeries { .. })), "{e:?}");
     // A peer that accepts and never answers: the timeout.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -322,12 +322,12 @@ async fn scrape_errors_name_their_cause() {
         })
     };
     let started = Instant::now();
-    let e = scrape(&s, "", None).await;
+    let e = scrape(&s, &OwnServer::at(""), None).await;
     assert!(matches!(e, Err(TelemetryError::Timeout { .. })), "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(2));
     // Nothing listening: an HTTP error.
     drop(silent);
-    let e = scrape(&s, "", None).await;
+    let e = scrape(&s, &OwnServer::at(""), None).await;
     assert!(
         matches!(
             e,
@@ -375,7 +375,7 @@ async fn agent_page_reads_back_through_the_dcgm_source() {
             GpuSelector::Index(0),
         ],
     });
-    let reading = scrape(&s, "", None)
+    let reading = scrape(&s, &OwnServer::at(""), None)
         .await
         .expect("agent page parses as dcgm");
     let expected: Vec<GpuReading> = [&gpus[1], &gpus[0]]
@@ -409,7 +409,7 @@ async fn agent_without_gpus_answers_503_with_the_reason_and_no_values() {
     );
     let s = source_dcgm(addr);
     assert_eq!(
-        scrape(&s, "", None).await,
+        scrape(&s, &OwnServer::at(""), None).await,
         Err(TelemetryError::Status {
             url: format!("http://{addr}/metrics"),
             status: 503
@@ -524,4 +524,89 @@ fn agent_command_line() {
     }
     let e = Cli::try_parse_from(["gpulb", "agent", "--gpus=1,-1"]).expect_err("negative index");
     assert!(e.to_string().contains("negative"), "{e}");
+}
+
+/// Serves `page` at any path to requests carrying `Authorization: <want>`, 401 to others, on
+/// loopback, for as long as the returned task runs; its address.
+async fn guarded_page(page: String, want: &'static str) -> (SocketAddr, JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let allowed = head.contains(&format!(
+                "\r\nauthorization: {}\r\n",
+                want.to_ascii_lowercase()
+            ));
+            let (status, body) = if allowed {
+                ("200 OK", page.as_str())
+            } else {
+                ("401 Unauthorized", "")
+            };
+            let answer = format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(answer.as_bytes()).await;
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn the_backends_key_goes_to_its_own_metrics_page_only() {
+    let worker = SimWorker::bind_loopback(WorkerProfile::new("w9"))
+        .await
+        .expect("worker");
+    let page = reqwest::get(format!("{}/metrics", worker.url()))
+        .await
+        .expect("sim metrics")
+        .text()
+        .await
+        .expect("text");
+    let (addr, server) = guarded_page(page, "Bearer sk-metrics").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-metrics").expect("key file");
+    let auth = gpulb::config::BackendAuth {
+        token_env: None,
+        token_file: Some(key),
+    };
+    let own = OwnServer {
+        url: format!("http://{addr}"),
+        auth: Some(auth.credential().expect("credential")),
+    };
+    // The backend's own server page (no url of its own): read with the key.
+    let model_server = source(SourceKind::ModelServer {
+        server: ServerKind::Vllm,
+        url: None,
+    });
+    let read = scrape(&model_server, &own, None).await;
+    assert!(read.is_ok(), "{read:?}");
+    // Without it, refused: the key is what opened it.
+    let bare = scrape(&model_server, &OwnServer::at(&own.url), None).await;
+    assert!(
+        matches!(bare, Err(TelemetryError::Status { status: 401, .. })),
+        "{bare:?}"
+    );
+    // A source at a URL of its own (here the same page) never gets the key.
+    let elsewhere = source(SourceKind::ModelServer {
+        server: ServerKind::Vllm,
+        url: Some(format!("http://{addr}/metrics")),
+    });
+    let other = scrape(&elsewhere, &own, None).await;
+    assert!(
+        matches!(other, Err(TelemetryError::Status { status: 401, .. })),
+        "{other:?}"
+    );
+    server.abort();
 }

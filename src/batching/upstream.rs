@@ -52,12 +52,12 @@ pub async fn post(
         error: ProxyError::UpstreamUnreachable(detail),
     })?;
     let mut request = target
-        .client
-        .post(format!("{}{path}", target.base))
+        .request(reqwest::Method::POST, &format!("{}{path}", target.base))
         .header(http::header::CONTENT_TYPE, "application/json")
         .timeout(timeouts.first_byte() + timeouts.idle())
         .body(body);
-    if let Some(value) = authorization {
+    // The members' own key goes on unless the backend has one of its own.
+    if let (Some(value), false) = (authorization, target.has_auth()) {
         request = request.header(http::header::AUTHORIZATION, value.clone());
     }
     let failed = |e: reqwest::Error| {

@@ -75,6 +75,8 @@ pub struct Upstream {
     pub port: u16,
     /// How to speak TLS to it: `Some` for an `https://` URL.
     pub tls: Option<UpstreamTls>,
+    /// The `Authorization` its model server requires (its `auth`, or its pool's).
+    pub auth: Option<super::Credential>,
 }
 
 /// Why a backend's name gave no address.
@@ -140,7 +142,14 @@ impl Upstream {
             host: host.to_string(),
             port,
             tls,
+            auth: None,
         })
+    }
+
+    /// Whether `other` is the same server spoken to the same way: its credential aside, which
+    /// may be replaced without the server being a new one.
+    pub fn same_server(&self, other: &Upstream) -> bool {
+        (&self.host, self.port, &self.tls) == (&other.host, other.port, &other.tls)
     }
 
     /// The first address the system resolver gives for it within `limit`; an address literal

@@ -120,6 +120,7 @@ impl DiscoverConfig {
             telemetry,
             models: template.models.clone(),
             tls: None,
+            auth: None,
         }
     }
 }
@@ -268,6 +269,28 @@ pools:
             Some("http://[fd00::9]:8000/metrics")
         );
         assert_eq!(expanded.compiled.upstreams.len(), 2);
+    }
+
+    #[test]
+    fn discovered_backends_take_their_pools_auth() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, "sk-pool").unwrap();
+        let with_auth = FILE.replace(
+            "    discover:",
+            &format!(
+                "    auth: {{token_file: {:?}}}\n    discover:",
+                key.display().to_string()
+            ),
+        );
+        let config = Config::from_yaml(&with_auth).unwrap();
+        let found = Found::from([("gpus".to_string(), vec!["10.0.0.7".parse().unwrap()])]);
+        let expanded = config.with_discovered(&found).unwrap();
+        let auth = expanded.compiled.upstreams[0]
+            .auth
+            .as_ref()
+            .expect("the pool's key");
+        assert_eq!(auth.header(), "Bearer sk-pool");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Every key is documented in `conf/gpulb.yaml`; defaults live in [`defaults`] only.
 
 mod admission;
+mod auth;
 mod batching;
 mod compiled;
 pub mod defaults;
@@ -19,6 +20,7 @@ mod tls;
 mod validate;
 
 pub use admission::{FairnessConfig, FairnessPolicy, QueueConfig};
+pub use auth::{read_token, BackendAuth, Credential, TokenError};
 pub use batching::BatchingConfig;
 pub use compiled::{Compiled, MatchRule, ResolveError, Upstream};
 pub use diff::describe_changes;
@@ -34,7 +36,7 @@ pub use request::{
 pub use telemetry::{GpuSelector, ServerKind, SourceConfig, SourceKind};
 pub use tenants::{ApiKeys, TenantSource, TenantsConfig};
 pub use tls::{BackendTls, CaBundle, CertError, CertFile, ListenTls, ServingCert, UpstreamTls};
-pub use validate::{ConfigError, ConfigErrors, TokenError};
+pub use validate::{ConfigError, ConfigErrors};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -142,6 +144,10 @@ pub struct BackendConfig {
     /// How an `https://` backend's certificate is checked (over its pool's `tls`).
     #[serde(default)]
     pub tls: Option<BackendTls>,
+    /// The API key its model server requires, sent as `Authorization: Bearer` (over its
+    /// pool's `auth`).
+    #[serde(default)]
+    pub auth: Option<BackendAuth>,
     /// Relative capacity: a weight-2 backend is given twice the outstanding requests.
     #[serde(default = "defaults::weight")]
     pub weight: u32,
@@ -178,6 +184,10 @@ pub struct PoolConfig {
     /// does not say.
     #[serde(default)]
     pub tls: Option<BackendTls>,
+    /// The API key of this pool's backends' model servers, where a backend does not say
+    /// (discovered backends included).
+    #[serde(default)]
+    pub auth: Option<BackendAuth>,
 }
 
 /// A class of requests: which requests belong to it, where they go, and its limits.
@@ -332,6 +342,7 @@ impl Config {
                 guards: Guards::default(),
                 discover: None,
                 tls: None,
+                auth: None,
             });
         }
         if self.classes.is_empty() && self.pools.len() == 1 {

@@ -249,6 +249,11 @@ impl ProxyHttp for Gpulb {
         if ctx.continue_answered {
             upstream_request.remove_header(&http::header::EXPECT);
         }
+        // A backend with an API key of its own gets it in place of the client's.
+        let auth = ctx.lease.as_ref().zip(ctx.snapshot.as_ref());
+        if let Some(auth) = auth.and_then(|(l, s)| s.backends[l.backend].upstream.auth.as_ref()) {
+            upstream_request.insert_header(http::header::AUTHORIZATION, auth.header().clone())?;
+        }
         // Hop-by-hop fields, and those the client's `Connection` header names, are gone
         // already: pingora strips them before this hook (its standard upstream request policy,
         // vendor/README.md, pingora-proxy's second change).

@@ -183,14 +183,15 @@ fn build_backend(
         tracing::warn!(backend = %b.name, error = %e, "backend gets no traffic until its name resolves");
     }
     let moved = old.is_some_and(|o| {
-        o.upstream != *upstream
+        !o.upstream.same_server(upstream)
             || resolved
                 .as_ref()
                 .is_ok_and(|addr| o.state.address.get() != Some(*addr))
     });
-    state
-        .address
-        .update(resolved, old.is_none_or(|o| o.upstream != *upstream));
+    state.address.update(
+        resolved,
+        old.is_none_or(|o| !o.upstream.same_server(upstream)),
+    );
     let health_check = config.health_check.with(&b.health_check);
     match (health_check.enabled, state.health.status()) {
         (false, _) => state.health.set_unchecked(),

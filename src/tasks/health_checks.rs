@@ -45,7 +45,8 @@ async fn check_once(
             cause,
         })?;
     let url = format!("{}{}", target.base, check.path);
-    match target.client.get(&url).timeout(check.timeout).send().await {
+    let request = target.request(reqwest::Method::GET, &url);
+    match request.timeout(check.timeout).send().await {
         Ok(resp) if resp.status().is_success() => Ok(()),
         Ok(resp) => Err(CheckFailure::Status {
             url,

@@ -75,8 +75,7 @@ async fn discover_once(
     let target = crate::tls::target(&cadence.upstream, addr, client)?;
     let url = format!("{}/v1/models", target.base);
     let resp = target
-        .client
-        .get(&url)
+        .request(reqwest::Method::GET, &url)
         .timeout(cadence.timeout)
         .send()
         .await

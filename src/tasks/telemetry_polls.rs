@@ -2,7 +2,7 @@
 
 use super::{BackendLoop, Stop};
 use crate::routing::{Backend, BackendState, Registry, Snapshot};
-use crate::telemetry::{poll, PollTarget, SourceConfig};
+use crate::telemetry::{poll, OwnServer, PollTarget, SourceConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -20,11 +20,12 @@ impl TelemetryPolling {
 }
 
 impl BackendLoop for TelemetryPolling {
-    /// The backend's URL and its sources (its URL's `tls` settings among them).
+    /// The backend's URL and its sources (its URL's `tls` and `auth` settings among them).
     type Spec = (
         String,
         Vec<SourceConfig>,
         Option<crate::config::UpstreamTls>,
+        Option<crate::config::Credential>,
     );
 
     fn spec(&self, _snapshot: &Snapshot, backend: &Backend) -> Option<Self::Spec> {
@@ -33,12 +34,14 @@ impl BackendLoop for TelemetryPolling {
                 backend.url.clone(),
                 backend.telemetry.clone(),
                 backend.upstream.tls.clone(),
+                backend.upstream.auth.clone(),
             )
         })
     }
 
     fn spawn(&self, backend: &Backend, spec: &Self::Spec, shutdown: Stop) -> JoinHandle<()> {
-        let (url, sources, _) = spec.clone();
+        let (url, sources, _, auth) = spec.clone();
+        let own = OwnServer { url, auth };
         // An https backend's pages are read trusting what its `tls` keys say.
         let client = backend.upstream.tls.as_ref().and_then(|tls| {
             crate::tls::client_for(tls, None)
@@ -53,7 +56,7 @@ impl BackendLoop for TelemetryPolling {
             registry: Arc::clone(&self.registry),
             state: Arc::clone(&backend.state),
         });
-        tokio::spawn(poll(sources, url, client, sink, errors, target, shutdown))
+        tokio::spawn(poll(sources, own, client, sink, errors, target, shutdown))
     }
 }
 

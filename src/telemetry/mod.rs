@@ -15,7 +15,7 @@ pub use crate::config::{GpuSelector, SourceConfig, SourceKind};
 pub use dcgm::parse_dcgm;
 pub use model_server::{parse_server_load, ServerKind};
 pub(crate) use poll::stopped;
-pub use poll::{poll, scrape, PollTarget, MAX_BODY};
+pub use poll::{poll, scrape, OwnServer, PollTarget, MAX_BODY};
 
 use std::time::{Duration, Instant};
 

@@ -15,11 +15,30 @@ use super::{Reading, ServerSample, SourceConfig, SourceKind, Telemetry, Telemetr
 /// Largest metrics page read; vLLM's full page is a few hundred KiB.
 pub const MAX_BODY: usize = 8 << 20;
 
+/// The backend whose telemetry is read: its URL, and the `Authorization` its own server wants.
+#[derive(Debug, Clone, Default)]
+pub struct OwnServer {
+    /// The backend's URL, which a model-server source without a `url` reads.
+    pub url: String,
+    /// Sent to the backend's own server only (its `auth`), never to another source's URL.
+    pub auth: Option<crate::config::Credential>,
+}
+
+impl OwnServer {
+    /// The backend at `url`, whose server wants no credential.
+    pub fn at(url: &str) -> OwnServer {
+        OwnServer {
+            url: url.to_string(),
+            auth: None,
+        }
+    }
+}
+
 /// Reads one source once, bounded by its timeout; HTTP sources with `client`, else the shared
 /// scraping client.
 pub async fn scrape(
     source: &SourceConfig,
-    backend_url: &str,
+    own: &OwnServer,
     client: Option<&reqwest::Client>,
 ) -> Result<Reading, TelemetryError> {
     match &source.kind {
@@ -36,12 +55,13 @@ pub async fn scrape(
             }
         }
         SourceKind::Dcgm { url, gpus } => {
-            let text = fetch(url, source.timeout, client).await?;
+            let text = fetch(url, source.timeout, client, None).await?;
             dcgm::parse_dcgm(&text, gpus)
         }
-        SourceKind::ModelServer { server, .. } => {
-            let url = source.url(backend_url).unwrap_or_default();
-            let text = fetch(&url, source.timeout, client).await?;
+        SourceKind::ModelServer { server, url: given } => {
+            let url = source.url(&own.url).unwrap_or_default();
+            let auth = own.auth.as_ref().filter(|_| given.is_none());
+            let text = fetch(&url, source.timeout, client, auth).await?;
             model_server::parse_server_load(*server, &text)
         }
     }
@@ -72,6 +92,7 @@ pub(crate) async fn fetch(
     url: &str,
     timeout: Duration,
     client: Option<&reqwest::Client>,
+    auth: Option<&crate::config::Credential>,
 ) -> Result<String, TelemetryError> {
     let http = |e: reqwest::Error| TelemetryError::Http {
         url: url.to_string(),
@@ -82,7 +103,12 @@ pub(crate) async fn fetch(
             Some(client) => client,
             None => shared_client()?,
         };
-        let mut resp = client.get(url).send().await.map_err(http)?;
+        let request = client.get(url);
+        let request = match auth {
+            Some(auth) => request.header(http::header::AUTHORIZATION, auth.header().clone()),
+            None => request,
+        };
+        let mut resp = request.send().await.map_err(http)?;
         if !resp.status().is_success() {
             return Err(TelemetryError::Status {
                 url: url.to_string(),
@@ -163,7 +189,7 @@ pub trait PollTarget: Send + Sync + 'static {
 /// failing and back.
 pub async fn poll(
     sources: Vec<SourceConfig>,
-    backend_url: String,
+    own: OwnServer,
     client: Option<reqwest::Client>,
     sink: Arc<ArcSwapOption<Telemetry>>,
     errors: Arc<AtomicU64>,
@@ -190,7 +216,7 @@ pub async fn poll(
             .collect();
         let reads = join_all(
             due.iter()
-                .map(|&i| scrape(&slots[i].config, &backend_url, client.as_ref())),
+                .map(|&i| scrape(&slots[i].config, &own, client.as_ref())),
         );
         let results = tokio::select! {
             results = reads => results,
@@ -202,7 +228,7 @@ pub async fn poll(
             let slot = &mut slots[i];
             slot.next = (round + slot.config.interval).max(Instant::now());
             slot.read_at = Some(round);
-            any_ok |= record(slot, result, own_in_flight, &backend_url, &errors);
+            any_ok |= record(slot, result, own_in_flight, &own.url, &errors);
         }
         if any_ok {
             let mut telemetry = merged(&slots);

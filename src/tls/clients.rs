@@ -24,9 +24,28 @@ pub struct Target {
     pub client: reqwest::Client,
     /// `scheme://authority`, the path to be appended.
     pub base: String,
+    /// The `Authorization` the backend's model server requires (its `auth`).
+    auth: Option<crate::config::Credential>,
 }
 
-/// The client and base URL for calling `upstream` at `addr`; a plain backend uses `plain`.
+impl Target {
+    /// A `method` call of `url` (the base and a path), with the backend's credential.
+    pub fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, url);
+        match &self.auth {
+            Some(auth) => request.header(http::header::AUTHORIZATION, auth.header().clone()),
+            None => request,
+        }
+    }
+
+    /// Whether the backend has a credential of its own (which replaces a client's).
+    pub fn has_auth(&self) -> bool {
+        self.auth.is_some()
+    }
+}
+
+/// The client, base URL and credential for calling `upstream` at `addr`; a plain backend uses
+/// `plain`.
 pub fn target(
     upstream: &Upstream,
     addr: SocketAddr,
@@ -36,10 +55,12 @@ pub fn target(
         None => Target {
             client: plain.clone(),
             base: format!("http://{addr}"),
+            auth: upstream.auth.clone(),
         },
         Some(tls) => Target {
             client: client_for(tls, Some(addr))?,
             base: format!("https://{upstream}"),
+            auth: upstream.auth.clone(),
         },
     })
 }

@@ -214,6 +214,12 @@ impl Pool {
         Pool(keys)
     }
 
+    /// A key with its YAML value as written (`auth`, `{token_file: /k}`).
+    pub fn set(mut self, key: &str, value: impl Display) -> Pool {
+        self.0.set(key, value);
+        self
+    }
+
     /// Guard: a backend whose GPU memory use is above `fraction` takes no new requests.
     pub fn max_gpu_memory(mut self, fraction: f64) -> Pool {
         self.0

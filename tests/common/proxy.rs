@@ -43,6 +43,13 @@ impl Proxy {
         proxy
     }
 
+    /// Like [`Proxy::start`], with these variables in the process's environment.
+    pub async fn start_with_env(body: impl Display, env: &[(&str, &str)]) -> Proxy {
+        let proxy = Proxy::spawn_with(body, "", env).await;
+        proxy.wait_eligible().await;
+        proxy
+    }
+
     /// Starts `gpulb serve` and waits only until it listens (backends may not be checked yet).
     pub async fn launch(body: impl Display) -> Proxy {
         Proxy::spawn_with(body, "", &[]).await
@@ -192,6 +199,18 @@ impl Proxy {
     /// Outstanding count of backend `name`.
     pub async fn outstanding(&self, name: &str) -> u64 {
         backend_field(&self.status().await, name, "outstanding")
+    }
+
+    /// Waits until `/status` shows a model list on every backend; the status then.
+    pub async fn wait_models_known(&self) -> Value {
+        self.wait_status("every backend's models known", |s| {
+            let backends = s["backends"].as_array()?;
+            backends
+                .iter()
+                .all(|b| b["models"].is_object())
+                .then(|| s.clone())
+        })
+        .await
     }
 
     /// Polls `/status` until `check` yields a value (bounded by [`WAIT`]).

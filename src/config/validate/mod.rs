@@ -3,8 +3,6 @@
 mod rules;
 mod tls;
 
-pub use rules::TokenError;
-
 use rules::validate_admission;
 
 use super::compiled::{BodyRule, Compiled, MatchRule, Upstream};
@@ -71,6 +69,7 @@ impl Config {
         );
         if upstreams.len() == self.backends.len() {
             self.validate_backend_tls(&mut upstreams, &mut report);
+            self.validate_backend_auth(&mut upstreams, &mut report);
         }
         let listener_cert = self.validate_listen_tls(&mut report);
         self.validate_health(&mut report);

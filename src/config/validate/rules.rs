@@ -1,7 +1,7 @@
 //! Checks of the health, telemetry, guard and admission settings, and reading the admin token.
 
 use super::Report;
-use crate::config::{ClassConfig, Config};
+use crate::config::{read_token, ClassConfig, Config, TokenError};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -263,47 +263,8 @@ impl Config {
 impl crate::config::AdminConfig {
     /// The admin bearer token from `token_env` or `token_file`; `None` when neither is set.
     pub fn token(&self) -> Result<Option<String>, TokenError> {
-        match (&self.token_env, &self.token_file) {
-            (Some(_), Some(_)) => Err(TokenError::Both),
-            (Some(var), None) => match std::env::var(var) {
-                Ok(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_string())),
-                _ => Err(TokenError::EnvUnset(var.clone())),
-            },
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| TokenError::Unreadable {
-                    path: path.display().to_string(),
-                    cause: e.to_string(),
-                })?;
-                match text.lines().next().map(str::trim) {
-                    Some(token) if !token.is_empty() => Ok(Some(token.to_string())),
-                    _ => Err(TokenError::Empty(path.display().to_string())),
-                }
-            }
-            (None, None) => Ok(None),
-        }
+        read_token(self.token_env.as_deref(), self.token_file.as_deref())
     }
-}
-
-/// Why the admin token could not be had.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    /// Both sources are set.
-    #[error("set token_env or token_file, not both")]
-    Both,
-    /// The environment variable is missing or blank.
-    #[error("token_env: environment variable {0} is not set or empty")]
-    EnvUnset(String),
-    /// The file could not be read.
-    #[error("token_file: cannot read {path}: {cause}")]
-    Unreadable {
-        /// The file.
-        path: String,
-        /// The cause.
-        cause: String,
-    },
-    /// The file's first line is blank.
-    #[error("token_file: {0} holds no token")]
-    Empty(String),
 }
 
 /// Most items one batch may be configured to hold.

@@ -1,8 +1,9 @@
-//! Checks of the TLS keys: the listener's certificate files, and each https backend's trust
-//! settings (its own `tls` over its pool's), with the CA files they name read.
+//! Checks of how gpulb speaks to each backend: the listener's certificate files, each https
+//! backend's trust settings (its own `tls` over its pool's), with the CA files they name read,
+//! and the API key its `auth` (or its pool's) names.
 
 use super::Report;
-use crate::config::{BackendTls, CaBundle, Config, ServingCert, Upstream};
+use crate::config::{BackendTls, CaBundle, Config, PoolConfig, ServingCert, Upstream};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -49,31 +50,62 @@ impl Config {
         }
     }
 
-    /// The `tls` of the pools listing backend `name` (and the key it was found at); two pools
-    /// saying different things about one backend are an error.
+    /// The `tls` of the pools listing backend `name` (and the key it was found at).
     fn pool_tls(&self, name: &str, report: &mut Report) -> (String, BackendTls) {
-        let mut found: Option<(usize, &BackendTls)> = None;
+        let found = self.pool_setting(name, "tls", |p| p.tls.as_ref(), report);
+        found.map_or_else(
+            || (String::new(), BackendTls::default()),
+            |(at, tls)| (at, tls.clone()),
+        )
+    }
+
+    /// The `key` setting (`get`) of the pools listing backend `name`, and the key it was found
+    /// at; two pools saying different things about one backend are an error.
+    pub(super) fn pool_setting<'a, T: PartialEq>(
+        &'a self,
+        name: &str,
+        key: &str,
+        get: impl Fn(&'a PoolConfig) -> Option<&'a T>,
+        report: &mut Report,
+    ) -> Option<(String, &'a T)> {
+        let mut found: Option<(usize, &T)> = None;
         for (j, pool) in self.pools.iter().enumerate() {
-            let Some(tls) = &pool.tls else { continue };
+            let Some(setting) = get(pool) else { continue };
             if !pool.backends.iter().any(|b| b == name) {
                 continue;
             }
             match found {
-                None => found = Some((j, tls)),
-                Some((first, seen)) if seen != tls => report.error(
-                    format!("pools[{j}].tls"),
+                None => found = Some((j, setting)),
+                Some((first, seen)) if seen != setting => report.error(
+                    format!("pools[{j}].{key}"),
                     format!(
-                        "backend {name:?} is also in pool {:?}, whose tls differs; set tls on the backend instead",
+                        "backend {name:?} is also in pool {:?}, whose {key} differs; set {key} on the backend instead",
                         self.pools[first].name
                     ),
                 ),
                 Some(_) => {}
             }
         }
-        found.map_or_else(
-            || (String::new(), BackendTls::default()),
-            |(j, tls)| (format!("pools[{j}].tls"), tls.clone()),
-        )
+        found.map(|(j, setting)| (format!("pools[{j}].{key}"), setting))
+    }
+
+    /// Reads the API key each backend's `auth` (else its pool's) names into its upstream;
+    /// `upstreams` are the backends' parsed URLs, in config order.
+    pub(super) fn validate_backend_auth(&self, upstreams: &mut [Upstream], report: &mut Report) {
+        for (i, (backend, upstream)) in self.backends.iter().zip(upstreams).enumerate() {
+            let own = backend
+                .auth
+                .as_ref()
+                .map(|a| (format!("backends[{i}].auth"), a));
+            let pool = || self.pool_setting(&backend.name, "auth", |p| p.auth.as_ref(), report);
+            let Some((at, auth)) = own.or_else(pool) else {
+                continue;
+            };
+            match auth.credential() {
+                Ok(credential) => upstream.auth = Some(credential),
+                Err(e) => report.error(at, e.to_string()),
+            }
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub gpu: dcgm::SimGpu,
     pub models: ServedModels,
     pub embedder: Embedder,
+    /// `Authorization` every `/v1/` request must carry, when set.
+    pub api_key: Option<Vec<u8>>,
 }
 
 impl Shared {
@@ -135,6 +137,13 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     }
     if path == "/echo" || path.starts_with("/echo/") {
         return echo(sh, req).await;
+    }
+    if let (Some(key), true) = (&sh.api_key, path.starts_with("/v1/")) {
+        let sent = req.headers().get(http::header::AUTHORIZATION);
+        if sent.is_none_or(|v| v.as_bytes() != key.as_slice()) {
+            // vLLM's answer, word for word.
+            return json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}));
+        }
     }
     let fault = sh.fault();
     match fault {

@@ -74,6 +74,9 @@ pub struct WorkerProfile {
     pub prefix_caching: bool,
     /// Cost and capacity of `POST /v1/embeddings`.
     pub embedding: EmbeddingProfile,
+    /// Like vLLM's `--api-key`: every `/v1/` request must carry `Authorization: Bearer <key>`,
+    /// else 401; `/health` and `/metrics` stay open.
+    pub api_key: Option<String>,
 }
 
 impl WorkerProfile {
@@ -93,6 +96,7 @@ impl WorkerProfile {
             strict_models: false,
             prefix_caching: true,
             embedding: EmbeddingProfile::default(),
+            api_key: None,
         }
     }
 
@@ -196,6 +200,9 @@ impl SimWorker {
             ctl: ctl_rx.clone(),
             gpu,
             embedder: Embedder::new(profile.embedding),
+            api_key: profile
+                .api_key
+                .map(|key| format!("Bearer {key}").into_bytes()),
             models: ServedModels::new(
                 profile.models,
                 profile.strict_models,
