@@ -134,6 +134,15 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
         .unwrap();
     assert_eq!(after.status(), 200);
     assert_eq!(after.text().await.unwrap(), list.body);
+    // A model server's own endpoint that names a model goes by it too (the sim has no
+    // tokenizer and answers 404; which worker answered is what counts).
+    let tokenize = Req::post("/tokenize", r#"{"model":"qwen","prompt":"hi"}"#);
+    let tokenized = proxy.send_n(4, &tokenize).await;
+    let workers_seen: Vec<&str> = tokenized.iter().map(|a| a.worker.as_str()).collect();
+    assert!(
+        workers_seen.iter().all(|w| *w == "w2" || *w == "w3"),
+        "{workers_seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

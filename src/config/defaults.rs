@@ -164,13 +164,24 @@ pub(crate) fn telemetry_interval() -> Duration {
 pub(crate) fn telemetry_timeout() -> Duration {
     Duration::from_millis(500)
 }
-/// The OpenAI paths whose JSON bodies are read by default.
+/// The paths whose JSON bodies are read by default: OpenAI's, and the model servers' own
+/// that name a model in the body (vLLM's tokenizer, scoring and pooling endpoints), so each
+/// reaches a backend serving its model.
 pub(crate) fn body_paths() -> Vec<String> {
     [
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
         "/v1/responses",
+        "/tokenize",
+        "/detokenize",
+        "/v1/score",
+        "/score",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
+        "/pooling",
+        "/classify",
     ]
     .map(String::from)
     .to_vec()
