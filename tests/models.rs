@@ -99,6 +99,17 @@ async fn discovered_models_route_requests_and_unknown_models_get_404() {
     let one = proxy.send(&Req::get("/v1/models/qwen")).await;
     assert_eq!((one.status, one.worker.as_str()), (200, ""), "{}", one.body);
     assert_eq!(one.json(), page["data"][1]);
+    // The context length the server states comes through (the OpenAI shape has no such
+    // field; vLLM adds it, and clients that size prompts read it).
+    let direct: Value = reqwest::get(format!("{}/v1/models", workers[2].url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stated = &direct["data"][0]["max_model_len"];
+    assert!(stated.is_u64(), "{direct}");
+    assert_eq!(&one.json()["max_model_len"], stated);
     let none = proxy.send(&Req::get("/v1/models/gpt-5")).await;
     assert_eq!(none.status, 404, "{}", none.body);
     assert_eq!(none.json()["error"]["code"], "model_not_found");

@@ -65,7 +65,11 @@ fn find(snapshot: &Snapshot, served: &[ModelInfo], id: &str) -> Option<ModelInfo
 }
 
 fn model_object(m: &ModelInfo) -> serde_json::Value {
-    serde_json::json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by})
+    let mut object = serde_json::json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by});
+    if let Some(len) = m.max_model_len {
+        object["max_model_len"] = len.into();
+    }
+    object
 }
 
 /// Answers what was `asked` from the models served now; `Ok(true)`: the response is written.

@@ -28,6 +28,10 @@ pub struct ModelInfo {
     pub owned_by: String,
     /// `created`, Unix seconds, as the backend said (config: 0).
     pub created: u64,
+    /// The context length the backend said it serves (vLLM's `max_model_len`), passed on so
+    /// clients that size prompts by it see it through gpulb.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
 }
 
 /// A backend's model list and where it came from.
@@ -50,6 +54,7 @@ impl ModelList {
                     id: id.clone(),
                     owned_by: "gpulb".to_string(),
                     created: 0,
+                    max_model_len: None,
                 })
                 .collect(),
         }

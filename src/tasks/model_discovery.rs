@@ -46,6 +46,8 @@ struct ModelEntry {
     owned_by: Option<String>,
     #[serde(default)]
     created: Option<u64>,
+    #[serde(default)]
+    max_model_len: Option<u64>,
 }
 
 /// Parses a `GET /v1/models` answer into a discovered list.
@@ -60,6 +62,7 @@ fn parse(body: &[u8]) -> Result<ModelList, serde_json::Error> {
                 id: m.id,
                 owned_by: m.owned_by.unwrap_or_default(),
                 created: m.created.unwrap_or(0),
+                max_model_len: m.max_model_len,
             })
             .collect(),
     })
@@ -163,6 +166,7 @@ mod tests {
                 id: "llama-3.1-8b".into(),
                 owned_by: "vllm".into(),
                 created: 1_733_000_000,
+                max_model_len: Some(8192),
             }]
         );
         let bare = parse(br#"{"data":[{"id":"a"},{"id":"b"}]}"#).unwrap();
