@@ -254,6 +254,40 @@ async fn a_body_naming_no_model_is_refused_where_the_answer_would_depend_on_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_model_keeps_the_connection_for_the_next_request() {
+    let workers = two_model_fleet().await;
+    let proxy = Proxy::start(discovering(&workers)).await;
+    proxy.wait_models_known().await;
+    let mut conn = common::Raw::connect(&proxy.url).await;
+    let post = |body: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // A whole body read and its model refused (404), then one with no model (400): the
+    // connection carries on to the next request, as a backend's own refusal would leave it.
+    conn.send(post(r#"{"model":"gpt-5","messages":[]}"#)).await;
+    let missing = conn.answer().await;
+    assert_eq!(missing.status, 404, "{}", missing.text);
+    assert!(
+        !missing
+            .text
+            .to_ascii_lowercase()
+            .contains("connection: close"),
+        "{}",
+        missing.text
+    );
+    conn.send(post(r#"{"messages":[],"max_tokens":1}"#)).await;
+    let unnamed = conn.answer().await;
+    assert_eq!(unnamed.status, 400, "{}", unnamed.text);
+    conn.send(post(r#"{"model":"qwen","messages":[],"max_tokens":1}"#))
+        .await;
+    let served = conn.answer().await;
+    assert_eq!(served.status, 200, "{}", served.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classes_are_chosen_from_the_body_alone() {
     let workers = start_workers(2, |_| {}).await;
     let config = Config::fleet(&workers)

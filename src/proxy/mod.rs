@@ -127,8 +127,11 @@ impl ProxyHttp for Gpulb {
         ctx.class_metrics = Some(Arc::clone(&class_metrics));
         if let Some(error) = refused {
             tracing::debug!(request_id = ?ctx.request_id, %error, "refused");
-            // Part of the body may be unread: this connection cannot carry another request.
-            session.set_keepalive(None);
+            // A body left partly unread (refused by its size, stalled) means this connection
+            // cannot carry another request; one read whole (a model or JSON refused) can.
+            if !session.is_body_done() {
+                session.set_keepalive(None);
+            }
             let answered = refuse(session, ctx, error).await;
             body::linger(session).await;
             return answered;
