@@ -84,6 +84,10 @@ impl ProxyHttp for Gpulb {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.started = Some(Instant::now());
         crate::connections::mark_active(session);
+        // A client that sends its next request before this one's answer (HTTP/1.1 pipelining)
+        // gets the answers in order, as nginx and HAProxy give them, instead of a close after
+        // the first (pingora's default; RFC 9112 section 9.3.2 allows either).
+        session.as_downstream_mut().set_pipelining_enabled(true);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
         let heads = Heads::of(session.req_header(), compiled);

@@ -148,6 +148,13 @@ impl HttpPersistentSettings {
         self.pipelined_prefix = Some(prefix);
     }
 
+    /// Whether bytes of the next pipelined request were already read, so the next session
+    /// has a request to parse before the socket says anything (gpulb's patch: its connection
+    /// loop waits for the socket to be readable before each request, unless this is true).
+    pub fn has_pipelined_prefix(&self) -> bool {
+        self.pipelined_prefix.as_ref().is_some_and(|p| !p.is_empty())
+    }
+
     pub fn apply_to_session(self, session: &mut ServerSession) {
         let Self {
             keepalive_timeout,
