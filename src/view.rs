@@ -52,6 +52,8 @@ pub struct BackendView {
     pub name: String,
     /// Backend URL.
     pub url: String,
+    /// Whether gpulb sends it an API key of its own (`auth`); the key itself is never shown.
+    pub auth: bool,
     /// Relative capacity.
     pub weight: u32,
     /// In-flight cap.
@@ -231,6 +233,7 @@ fn backend_view(
     BackendView {
         name: b.state.name.clone(),
         url: b.url.clone(),
+        auth: b.upstream.auth.is_some(),
         weight: b.weight,
         max_outstanding: b.max_outstanding,
         outstanding: b.state.outstanding.get(),

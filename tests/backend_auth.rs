@@ -55,8 +55,10 @@ async fn a_backend_api_key_replaces_the_clients_and_reaches_model_discovery() {
     let sent = echoed.json()["headers"]["authorization"].clone();
     assert!(sent == "Bearer sk-w0" || sent == "Bearer sk-pool", "{sent}");
 
-    // Nowhere to be read back.
-    let status = proxy.status().await.to_string();
+    // Nowhere to be read back; `/status` says only that a key is sent.
+    let status = proxy.status().await;
+    assert_eq!(status["backends"][0]["auth"], true);
+    let status = status.to_string();
     assert!(!status.contains("sk-w0") && !status.contains("sk-pool"));
     assert!(!proxy.stderr().contains("sk-"), "{}", proxy.stderr());
 }
@@ -65,6 +67,7 @@ async fn a_backend_api_key_replaces_the_clients_and_reaches_model_discovery() {
 async fn without_auth_the_clients_key_goes_through_and_a_missing_key_refuses_the_config() {
     let workers = start_workers(1, |p| p.api_key = Some("sk-right".into())).await;
     let proxy = Proxy::start(Config::fleet(&workers).set("models", "{discover: false}")).await;
+    assert_eq!(proxy.status().await["backends"][0]["auth"], false);
     let chat = |key: &str| {
         Req::post("/v1/chat/completions", r#"{"max_tokens":2,"messages":[]}"#)
             .header("authorization", &format!("Bearer {key}"))
