@@ -52,7 +52,7 @@ pub enum ProxyError {
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The request body is larger than `request_body.max_bytes`.
-    #[error("request body is {size} bytes{}; this server reads at most {limit}", if *.chunked { " or more (chunked)" } else { "" })]
+    #[error("request body is {size} bytes{}; this server reads at most {limit} (request_body.max_bytes)", if *.chunked { " or more (chunked)" } else { "" })]
     BodyTooLarge {
         /// The body's size, or the bytes read when it stopped (a chunked body).
         size: usize,
@@ -317,7 +317,7 @@ mod tests {
         };
         assert_eq!(
             big.to_string(),
-            "request body is 10 bytes; this server reads at most 5"
+            "request body is 10 bytes; this server reads at most 5 (request_body.max_bytes)"
         );
         let chunked = ProxyError::BodyTooLarge {
             size: 70_000,
@@ -326,7 +326,7 @@ mod tests {
         };
         assert_eq!(
             chunked.to_string(),
-            "request body is 70000 bytes or more (chunked); this server reads at most 65536"
+            "request body is 70000 bytes or more (chunked); this server reads at most 65536 (request_body.max_bytes)"
         );
         assert_eq!((big.status(), big.code()), (413, "body_too_large"));
         assert_eq!(ProxyError::InvalidBody("x".into()).status(), 400);
