@@ -190,12 +190,13 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
             // A client that pipelined its next request has sent it already, and pingora holds
             // its first bytes: the socket may say nothing more, so there is nothing to wait for.
             let pipelined = settings.as_ref().is_some_and(|s| s.has_pipelined_prefix());
-            let stream = match pipelined {
-                true => stream,
-                false => match self.wait_for_request(stream).await {
-                    Some(stream) => stream,
-                    None => return,
-                },
+            let stream = if pipelined {
+                stream
+            } else {
+                let Some(stream) = self.wait_for_request(stream).await else {
+                    return;
+                };
+                stream
             };
             session = self.new_http1_session(stream);
             if let Some(settings) = settings {
