@@ -68,6 +68,8 @@ pub struct BackendView {
     pub others_outstanding: Option<u32>,
     /// Attempts ever sent.
     pub attempts_total: u64,
+    /// Attempts it refused (`retry_statuses`) that were sent to another backend instead.
+    pub refusals_retried_total: u64,
     /// Active check status.
     pub health: CheckStatus,
     /// Why its address is unknown, when its name did not resolve (it gets no traffic).
@@ -243,6 +245,7 @@ fn backend_view(
             .filter(|_| settings.count_others)
             .and_then(|t| t.others_in_flight(settings.others_max_age, now)),
         attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
+        refusals_retried_total: b.state.refusals_retried_total.load(Ordering::Relaxed),
         health: health.status(),
         unresolved: b.state.address.unresolved(),
         ejected: health.is_ejected(now_ms),

@@ -139,3 +139,68 @@ async fn killed_backend_is_retried_around() {
     }
     proxy.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_refusing_with_429_is_retried_on_another() {
+    let workers = start_workers(2, |_| {}).await;
+    let fleet = Config::fleet(&workers).set("models", "{discover: false}");
+    let proxy = Proxy::start(fleet.clone()).await;
+    workers[0].set_fault(Fault::Overloaded);
+    // A body gpulb holds is sent again; a stream's too (nothing of it reached the client).
+    let chat = Req::post(
+        "/v1/chat/completions",
+        r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"same bytes"}]}"#,
+    );
+    let answers = proxy.send_n(12, &chat).await;
+    for a in &answers {
+        assert_eq!((a.status, a.worker.as_str()), (200, "w1"), "{}", a.body);
+    }
+    let stream = proxy.send(&Req::chat_stream(3)).await;
+    assert_eq!((stream.status, stream.worker.as_str()), (200, "w1"));
+    assert!(stream.body.ends_with("data: [DONE]\n\n"), "{}", stream.body);
+    // Some of them did meet the refusal first (the tie between two idle backends is random),
+    // and the access log counts their two attempts.
+    assert!(workers[0].stats().received_total > 0, "none went to w0");
+    let retried = proxy
+        .access_records()
+        .iter()
+        .filter(|r| r["attempts"] == 2 && r["status"] == 200 && r["backend"] == "w1")
+        .count();
+    assert!(retried > 0, "{:?}", proxy.access_records());
+    // Each refusal is counted once on the backend that made it, not logged as a warning.
+    let refused_on_w0 = workers[0].stats().received_total as f64;
+    let series = r#"gpulb_backend_refusals_retried_total{backend="w0"}"#;
+    assert_eq!(proxy.metric(series).await, refused_on_w0);
+    assert!(
+        !proxy.stderr().contains("Fail to proxy"),
+        "{}",
+        proxy.stderr()
+    );
+    proxy.wait_idle().await;
+    assert_eq!(proxy.outstanding("w0").await, 0);
+
+    // Every backend refusing: the last refusal reaches the client as the backend sent it.
+    workers[1].set_fault(Fault::Overloaded);
+    let refused = proxy.send(&chat).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(
+        refused.body.contains("Model is overloaded"),
+        "{}",
+        refused.body
+    );
+    proxy.wait_idle().await;
+
+    // Off (`retry_statuses: []`): the refusal goes to the client at once.
+    workers[1].set_fault(Fault::None);
+    let plain = Proxy::start(fleet.set("retry_statuses", "[]")).await;
+    let statuses: Vec<u16> = plain
+        .send_n(12, &chat)
+        .await
+        .iter()
+        .map(|a| a.status)
+        .collect();
+    assert!(
+        statuses.contains(&429) && statuses.contains(&200),
+        "{statuses:?}"
+    );
+}

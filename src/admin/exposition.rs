@@ -45,6 +45,7 @@ live_collectors! {
     unresolved: IntGaugeVec = "gpulb_backend_unresolved", "1 while the backend's name resolves to no address (it gets no traffic).", ["backend"];
     ejections: IntCounterVec = "gpulb_backend_ejections_total", "Passive ejections of the backend for consecutive failures.", ["backend"];
     attempts: IntCounterVec = "gpulb_backend_attempts_total", "Request attempts sent to the backend (retries count).", ["backend"];
+    refusals_retried: IntCounterVec = "gpulb_backend_refusals_retried_total", "Attempts the backend refused with a retry_statuses status (TGI's 429 when overloaded) that went to another backend instead.", ["backend"];
     gpu_util: GaugeVec = "gpulb_gpu_utilization_ratio", "GPU compute utilization as last read from telemetry, 0..1.", ["backend", "gpu"];
     gpu_mem_used: GaugeVec = "gpulb_gpu_memory_used_bytes", "GPU framebuffer memory in use as last read from telemetry.", ["backend", "gpu"];
     gpu_mem_total: GaugeVec = "gpulb_gpu_memory_total_bytes", "GPU framebuffer memory in all as last read from telemetry.", ["backend", "gpu"];
@@ -119,6 +120,9 @@ impl Live {
             self.attempts
                 .with_label_values(&name)
                 .inc_by(b.attempts_total);
+            self.refusals_retried
+                .with_label_values(&name)
+                .inc_by(b.refusals_retried_total);
             let t = &b.telemetry;
             self.telemetry_errors
                 .with_label_values(&name)

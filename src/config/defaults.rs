@@ -33,6 +33,10 @@ pub(crate) fn threads() -> usize {
 pub(crate) fn connect_retries() -> usize {
     2
 }
+/// A backend's `429 Too Many Requests`: it refused before starting.
+pub(crate) fn retry_statuses() -> Vec<u16> {
+    vec![429]
+}
 pub(crate) fn shutdown_timeout() -> Duration {
     Duration::from_secs(30)
 }

@@ -30,6 +30,11 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
             old.connect_retries != new.connect_retries,
         ),
         (
+            "retry_statuses",
+            false,
+            old.retry_statuses != new.retry_statuses,
+        ),
+        (
             "shutdown_timeout",
             true,
             old.shutdown_timeout != new.shutdown_timeout,

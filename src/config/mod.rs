@@ -70,6 +70,11 @@ pub struct Config {
     /// How often a request whose connect failed is tried again on another backend.
     #[serde(default = "defaults::connect_retries")]
     pub connect_retries: usize,
+    /// Statuses a backend answers when it refuses work it has not started (TGI's `429` past
+    /// `--max-concurrent-requests`): such an answer, before anything reached the client, sends
+    /// the request to another backend of its pool instead, within `connect_retries`.
+    #[serde(default = "defaults::retry_statuses")]
+    pub retry_statuses: Vec<u16>,
     /// Time in-flight and queued requests get to finish on graceful shutdown (SIGTERM), after
     /// `drain_delay`.
     #[serde(default = "defaults::shutdown_timeout", with = "duration")]

@@ -259,3 +259,13 @@ fn a_default_model_must_name_one() {
     let config = Config::from_yaml(&named).unwrap();
     assert_eq!(config.models.default.as_deref(), Some("llama-3.1-8b"));
 }
+
+#[test]
+fn retry_statuses_default_to_429_and_take_refusals_only() {
+    let config = Config::from_yaml(MINIMAL).unwrap();
+    assert_eq!(config.retry_statuses, [429]);
+    let errors = errors_of(&format!("{MINIMAL}\nretry_statuses: [503, 200, 404]\n"));
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].starts_with("retry_statuses[1]"), "{errors:?}");
+    assert!(errors[1].starts_with("retry_statuses[2]"), "{errors:?}");
+}

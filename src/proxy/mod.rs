@@ -16,6 +16,7 @@ mod finish;
 mod heads;
 mod hygiene;
 mod intake;
+mod refused;
 mod respond;
 mod sweeper;
 mod tenant;
@@ -34,7 +35,7 @@ use async_trait::async_trait;
 use heads::Heads;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
-use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 use respond::{refuse, request_id, respond_error};
 use std::sync::Arc;
 use std::time::Instant;
@@ -286,10 +287,15 @@ impl ProxyHttp for Gpulb {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
+        if let Some(retry) =
+            refused::retry_elsewhere(session, upstream_response.status.as_u16(), ctx)
+        {
+            return Err(retry);
+        }
         ctx.first_byte = Some(Instant::now());
         for name in headers::hop_by_hop(&upstream_response.headers) {
             upstream_response.remove_header(&name);
@@ -310,6 +316,43 @@ impl ProxyHttp for Gpulb {
             upstream_response.insert_header_name(&ctx.id_header(), id.value())?;
         }
         Ok(())
+    }
+
+    /// A backend's refusal sent to another backend is counted
+    /// (`gpulb_backend_refusals_retried_total`), not logged as pingora's retry warning.
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Self::CTX,
+        error: &Error,
+        context: ProxyWarnLogContext,
+    ) -> bool {
+        matches!(context, ProxyWarnLogContext::UpstreamRetry)
+            && matches!(error.etype(), ErrorType::HTTPStatus(_))
+    }
+
+    /// pingora's own rule (no retry once a non-idempotent request was sent, or when its body
+    /// cannot be sent again), except for a backend's refusal that [`refused::retry_elsewhere`]
+    /// turned into a retry: that one goes to the backend it chose.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Self::CTX,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if std::mem::take(&mut ctx.refused_by_backend) {
+            e.set_retry(true);
+        } else if !session.req_header().method.is_idempotent()
+            || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
     }
 
     async fn fail_to_proxy(

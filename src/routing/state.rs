@@ -123,6 +123,9 @@ pub struct BackendState {
     pub outstanding: Arc<InflightCounter>,
     /// Requests ever sent to the backend (each attempt counts).
     pub attempts_total: AtomicU64,
+    /// Of those, the ones it refused with a `retry_statuses` status that went to another
+    /// backend instead.
+    pub refusals_retried_total: AtomicU64,
     /// Active check status and passive ejection.
     pub health: HealthState,
     /// Last telemetry read (GPU and model-server figures), with its time; `None` before any.
@@ -182,6 +185,7 @@ impl BackendState {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             attempts_total: AtomicU64::new(0),
+            refusals_retried_total: AtomicU64::new(0),
             health: HealthState::default(),
             telemetry: Arc::new(arc_swap::ArcSwapOption::empty()),
             telemetry_errors: Arc::new(AtomicU64::new(0)),

@@ -179,6 +179,13 @@ impl Config {
             "connect_retries",
             "must be at most 16",
         );
+        for (i, status) in self.retry_statuses.iter().enumerate() {
+            report.check(
+                matches!(status, 429 | 500..=599),
+                format!("retry_statuses[{i}]"),
+                format!("{status} is not a refusal a backend makes before starting: 429 or 5xx"),
+            );
+        }
         let header = |report: &mut Report, key: &str, name: &str| {
             let parsed = HeaderName::from_bytes(name.as_bytes()).ok();
             report.check(

@@ -166,6 +166,11 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 "simulated_fault",
             )
         }
+        Fault::Overloaded if path.starts_with("/v1/") => {
+            // TGI's answer, word for word.
+            let body = json!({"error": "Model is overloaded", "error_type": "overloaded"});
+            return json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+        }
         _ => {}
     }
     let method = req.method().clone();

@@ -123,6 +123,9 @@ pub enum Fault {
     Hang,
     /// Answer every request with 500 and a JSON error body.
     ServerError,
+    /// Answer every `/v1/` request with 429, as TGI does past `--max-concurrent-requests`
+    /// (health and metrics still answer).
+    Overloaded,
     /// Multiply all step/prefill times (and `/sleep`) by this factor.
     Slow(f64),
     /// Streaming responses abort the connection after this many tokens.

@@ -1,0 +1,44 @@
+//! A backend's refusal of work it has not started (a status in `retry_statuses`, such as TGI's
+//! `429` past `--max-concurrent-requests`): while nothing has reached the client, the request
+//! goes to another backend of its pool instead, the way a connect failure does.
+
+use super::ctx::RequestCtx;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+/// The error that ends this attempt so that pingora tries again, when the backend's `status` is
+/// a refusal to retry and another backend can take the request now (its lease is taken here,
+/// the refusing backend's released and never chosen again for this request). `None`: the
+/// answer goes to the client as it is — not a refusal, the retries spent, a body that cannot
+/// be sent again, or no other backend free.
+pub fn retry_elsewhere(
+    session: &mut Session,
+    status: u16,
+    ctx: &mut RequestCtx,
+) -> Option<Box<Error>> {
+    let snapshot = ctx.snapshot.clone()?;
+    let config = &snapshot.config;
+    if !config.retry_statuses.contains(&status) || ctx.failed.len() >= config.connect_retries {
+        return None;
+    }
+    let refusing = ctx.lease.as_ref()?.backend;
+    // The body goes again from what gpulb holds; one that streamed through is gone.
+    if ctx.held_body.is_none() && !session.as_mut().is_body_empty() {
+        return None;
+    }
+    let mut excluded = ctx.failed.clone();
+    excluded.push(refusing);
+    let next = snapshot.acquire_for_class(ctx.class, &ctx.demand, &excluded)?;
+    let counter = &snapshot.backends[refusing].state.refusals_retried_total;
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.failed = excluded;
+    ctx.lease = Some(next);
+    ctx.first_byte = None;
+    ctx.refused_by_backend = true;
+    // Counted in `gpulb_backend_refusals_retried_total` (pingora's retry warning is not logged).
+    tracing::debug!(request_id = ?ctx.request_id, status, backend = refusing, "backend refused; trying another");
+    Some(Error::explain(
+        ErrorType::HTTPStatus(status),
+        "backend refused the request before starting it",
+    ))
+}
