@@ -16,11 +16,11 @@ pub fn retry_elsewhere(
     status: u16,
     ctx: &mut RequestCtx,
 ) -> Option<Box<Error>> {
-    let snapshot = ctx.snapshot.clone()?;
-    let config = &snapshot.config;
+    let config = &ctx.snapshot.as_ref()?.config;
     if !config.retry_statuses.contains(&status) || ctx.failed.len() >= config.connect_retries {
         return None;
     }
+    let snapshot = std::sync::Arc::clone(ctx.snapshot.as_ref()?);
     let refusing = ctx.lease.as_ref()?.backend;
     // The body goes again from what gpulb holds; one that streamed through is gone.
     if ctx.held_body.is_none() && !session.as_mut().is_body_empty() {
