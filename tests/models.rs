@@ -259,12 +259,7 @@ async fn a_refused_model_keeps_the_connection_for_the_next_request() {
     let proxy = Proxy::start(discovering(&workers)).await;
     proxy.wait_models_known().await;
     let mut conn = common::Raw::connect(&proxy.url).await;
-    let post = |body: &str| {
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let post = |body: &str| common::json_post("/v1/chat/completions", body);
     // A whole body read and its model refused (404), then one with no model (400): the
     // connection carries on to the next request, as a backend's own refusal would leave it.
     conn.send(post(r#"{"model":"gpt-5","messages":[]}"#)).await;

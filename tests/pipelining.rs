@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{message_len, start_workers, Backend, Config, Proxy, Raw, WAIT};
+use common::{json_post, message_len, start_workers, Backend, Config, Proxy, Raw, WAIT};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
@@ -33,13 +33,6 @@ async fn answers(conn: &mut Raw, n: usize) -> Vec<String> {
     texts
 }
 
-fn post(path: &str, body: &str) -> String {
-    format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_all_answered_in_order() {
     let workers = start_workers(2, |_| {}).await;
@@ -52,13 +45,13 @@ async fn pipelined_requests_are_all_answered_in_order() {
     // Sent in one write: a completion, one whose model gpulb refuses (its body read whole),
     // one gpulb answers itself, a GET proxied to a worker, and a completion again.
     let mut conn = Raw::connect(&proxy.url).await;
-    let completion = post(
+    let completion = json_post(
         "/v1/chat/completions",
         r#"{"model":"m","max_tokens":1,"messages":[]}"#,
     );
     let batch = [
         completion.clone(),
-        post("/v1/chat/completions", r#"{"model":"gpt-5","messages":[]}"#),
+        json_post("/v1/chat/completions", r#"{"model":"gpt-5","messages":[]}"#),
         "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
         "GET /sleep/1 HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
         completion.clone(),

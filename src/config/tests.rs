@@ -269,3 +269,30 @@ fn retry_statuses_default_to_429_and_take_refusals_only() {
     assert!(errors[0].starts_with("retry_statuses[1]"), "{errors:?}");
     assert!(errors[1].starts_with("retry_statuses[2]"), "{errors:?}");
 }
+
+#[test]
+fn a_backend_in_two_pools_whose_auth_differs_must_say_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    std::fs::write(&one, "k1").unwrap();
+    std::fs::write(&two, "k2").unwrap();
+    let pools = |own: &str| {
+        format!(
+            "backends:\n  - {{name: gpu0, url: 'http://127.0.0.1:9001'{own}}}\n\
+             pools:\n  - {{name: a, backends: [gpu0], auth: {{token_file: {:?}}}}}\n  \
+             - {{name: b, backends: [gpu0], auth: {{token_file: {:?}}}}}\n\
+             classes:\n  - {{name: c, pool: a}}\n  - {{name: d, pool: b}}\ndefault_class: c\n",
+            one.display().to_string(),
+            two.display().to_string()
+        )
+    };
+    let errors = errors_of(&pools(""));
+    assert_eq!(
+        errors,
+        ["pools[1].auth: backend \"gpu0\" is also in pool \"a\", whose auth differs; set auth on the backend instead"]
+    );
+    let own = format!(", auth: {{token_file: {:?}}}", one.display().to_string());
+    let config = Config::from_yaml(&pools(&own)).unwrap();
+    let auth = config.compiled.upstreams[0].auth.as_ref().unwrap();
+    assert_eq!(auth.header(), "Bearer k1");
+}

@@ -158,10 +158,14 @@ impl<A: HttpServerApp + Send + Sync + 'static> GuardedApp<A> {
     }
 
     /// A session for the next request on an HTTP/1 connection, its header names' case kept
-    /// or not as the current config says (`preserve_header_case`).
+    /// or not as the current config says (`preserve_header_case`). A client that sends its
+    /// next request before this one's answer (HTTP/1.1 pipelining) gets the answers in order,
+    /// as nginx and HAProxy give them, instead of a close after the first (pingora's default;
+    /// RFC 9112 section 9.3.2 allows either).
     fn new_http1_session(&self, stream: Stream) -> ServerSession {
         let mut session = ServerSession::new_http1(stream);
         session.set_keep_header_case(self.registry.load().config.preserve_header_case);
+        session.set_pipelining_enabled(true);
         session
     }
 

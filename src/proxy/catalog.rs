@@ -64,11 +64,10 @@ fn find(snapshot: &Snapshot, served: &[ModelInfo], id: &str) -> Option<ModelInfo
     })
 }
 
+/// `m` in OpenAI's model shape: its fields, and `"object": "model"`.
 fn model_object(m: &ModelInfo) -> serde_json::Value {
-    let mut object = serde_json::json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by});
-    if let Some(len) = m.max_model_len {
-        object["max_model_len"] = len.into();
-    }
+    let mut object = serde_json::to_value(m).unwrap_or_default();
+    object["object"] = "model".into();
     object
 }
 

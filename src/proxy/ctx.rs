@@ -29,9 +29,6 @@ pub struct RequestCtx {
     /// Backends whose connect failed for this request, or that refused it with a
     /// `retry_statuses` status; never chosen again for it.
     pub(crate) failed: Vec<usize>,
-    /// The current attempt's backend refused the request with a `retry_statuses` status and
-    /// the next attempt's lease is taken: the error ending this attempt is to be retried.
-    pub(crate) refused_by_backend: bool,
     /// Request id, forwarded and echoed.
     pub(crate) request_id: Option<RequestId>,
     /// Why the request failed or was refused, when it did.

@@ -85,10 +85,6 @@ impl ProxyHttp for Gpulb {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.started = Some(Instant::now());
         crate::connections::mark_active(session);
-        // A client that sends its next request before this one's answer (HTTP/1.1 pipelining)
-        // gets the answers in order, as nginx and HAProxy give them, instead of a close after
-        // the first (pingora's default; RFC 9112 section 9.3.2 allows either).
-        session.as_downstream_mut().set_pipelining_enabled(true);
         let snapshot = self.registry.load();
         let compiled = &snapshot.config.compiled;
         let heads = Heads::of(session.req_header(), compiled);
@@ -327,8 +323,7 @@ impl ProxyHttp for Gpulb {
         error: &Error,
         context: ProxyWarnLogContext,
     ) -> bool {
-        matches!(context, ProxyWarnLogContext::UpstreamRetry)
-            && matches!(error.etype(), ErrorType::HTTPStatus(_))
+        matches!(context, ProxyWarnLogContext::UpstreamRetry) && refused::is_refusal(error)
     }
 
     /// pingora's own rule (no retry once a non-idempotent request was sent, or when its body
@@ -339,11 +334,11 @@ impl ProxyHttp for Gpulb {
         peer: &HttpPeer,
         session: &mut Session,
         e: Box<Error>,
-        ctx: &mut Self::CTX,
+        _ctx: &mut Self::CTX,
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
-        if std::mem::take(&mut ctx.refused_by_backend) {
+        if refused::is_refusal(&e) {
             e.set_retry(true);
         } else if !session.req_header().method.is_idempotent()
             || session.as_ref().retry_buffer_truncated()

@@ -6,6 +6,15 @@ use super::ctx::RequestCtx;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
+/// The type of the error that ends a refused attempt: pingora retries it
+/// (`error_while_proxy`) and does not log it as a failure (`suppress_proxy_warn_log`).
+pub const BACKEND_REFUSED: ErrorType = ErrorType::new("BackendRefused");
+
+/// Whether `e` ends an attempt [`retry_elsewhere`] turned into a retry.
+pub fn is_refusal(e: &Error) -> bool {
+    *e.etype() == BACKEND_REFUSED
+}
+
 /// The error that ends this attempt so that pingora tries again, when the backend's `status` is
 /// a refusal to retry and another backend can take the request now (its lease is taken here,
 /// the refusing backend's released and never chosen again for this request). `None`: the
@@ -34,11 +43,10 @@ pub fn retry_elsewhere(
     ctx.failed = excluded;
     ctx.lease = Some(next);
     ctx.first_byte = None;
-    ctx.refused_by_backend = true;
     // Counted in `gpulb_backend_refusals_retried_total` (pingora's retry warning is not logged).
     tracing::debug!(request_id = ?ctx.request_id, status, backend = refusing, "backend refused; trying another");
     Some(Error::explain(
-        ErrorType::HTTPStatus(status),
-        "backend refused the request before starting it",
+        BACKEND_REFUSED,
+        format!("backend answered {status} before starting the request"),
     ))
 }

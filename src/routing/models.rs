@@ -159,25 +159,27 @@ impl Snapshot {
     /// every one of its pools' backends serves the same models (or some list is not known
     /// yet); refused when their lists differ.
     pub fn unnamed_model_route(&self, class: usize) -> Result<ModelRoute, ModelRefusal> {
-        let mut first: Option<Vec<&str>> = None;
-        let mut lists = Vec::new();
-        for b in self.class_members(class) {
-            match b.state.models.get() {
-                None => return Ok(ModelRoute::Any),
-                Some(list) => lists.push(list),
-            }
+        let lists: Option<Vec<Arc<ModelList>>> = self
+            .class_members(class)
+            .map(|b| b.state.models.get())
+            .collect();
+        let Some(lists) = lists else {
+            return Ok(ModelRoute::Any);
+        };
+        let sets: Vec<Vec<&str>> = lists
+            .iter()
+            .map(|list| {
+                let mut ids: Vec<&str> = list.models.iter().map(|m| m.id.as_str()).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            })
+            .collect();
+        if sets.windows(2).all(|pair| pair[0] == pair[1]) {
+            Ok(ModelRoute::Any)
+        } else {
+            Err(ModelRefusal::Required(self.class_models(class)))
         }
-        for list in &lists {
-            let mut ids: Vec<&str> = list.models.iter().map(|m| m.id.as_str()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            match &first {
-                None => first = Some(ids),
-                Some(seen) if *seen == ids => {}
-                Some(_) => return Err(ModelRefusal::Required(self.class_models(class))),
-            }
-        }
-        Ok(ModelRoute::Any)
     }
 
     /// The models the backends of `class`'s pools list, sorted, once each.

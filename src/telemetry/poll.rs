@@ -103,11 +103,7 @@ pub(crate) async fn fetch(
             Some(client) => client,
             None => shared_client()?,
         };
-        let request = client.get(url);
-        let request = match auth {
-            Some(auth) => request.header(http::header::AUTHORIZATION, auth.header().clone()),
-            None => request,
-        };
+        let request = crate::tls::authorized(client.get(url), auth);
         let mut resp = request.send().await.map_err(http)?;
         if !resp.status().is_success() {
             return Err(TelemetryError::Status {

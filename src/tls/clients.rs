@@ -28,14 +28,21 @@ pub struct Target {
     auth: Option<crate::config::Credential>,
 }
 
+/// `request` carrying `auth` as its `Authorization`, when there is one.
+pub fn authorized(
+    request: reqwest::RequestBuilder,
+    auth: Option<&crate::config::Credential>,
+) -> reqwest::RequestBuilder {
+    match auth {
+        Some(auth) => request.header(http::header::AUTHORIZATION, auth.header().clone()),
+        None => request,
+    }
+}
+
 impl Target {
     /// A `method` call of `url` (the base and a path), with the backend's credential.
     pub fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
-        let request = self.client.request(method, url);
-        match &self.auth {
-            Some(auth) => request.header(http::header::AUTHORIZATION, auth.header().clone()),
-            None => request,
-        }
+        authorized(self.client.request(method, url), self.auth.as_ref())
     }
 
     /// Whether the backend has a credential of its own (which replaces a client's).

@@ -5,7 +5,7 @@
 mod clients;
 mod listener;
 
-pub use clients::{client_for, target, with_system_roots, Target};
+pub use clients::{authorized, client_for, target, with_system_roots, Target};
 pub use listener::CertResolver;
 
 use crate::config::Upstream;

@@ -81,6 +81,14 @@ impl Raw {
     }
 }
 
+/// A whole HTTP/1.1 `POST` of the JSON `body` to `path`, as bytes a raw client writes.
+pub fn json_post(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// Whether `got` holds a whole response with a `Content-Length` body.
 fn complete(got: &[u8]) -> bool {
     head(got).is_some_and(|(_, length)| length.is_some()) && message_len(got).is_some()
