@@ -70,6 +70,8 @@ pub struct BackendView {
     pub attempts_total: u64,
     /// Attempts it refused (`retry_statuses`) that were sent to another backend instead.
     pub refusals_retried_total: u64,
+    /// Passed over now, while another backend has room, for a recent refusal (`retry_statuses`).
+    pub refusing: bool,
     /// Active check status.
     pub health: CheckStatus,
     /// Why its address is unknown, when its name did not resolve (it gets no traffic).
@@ -246,6 +248,7 @@ fn backend_view(
             .and_then(|t| t.others_in_flight(settings.others_max_age, now)),
         attempts_total: b.state.attempts_total.load(Ordering::Relaxed),
         refusals_retried_total: b.state.refusals_retried_total.load(Ordering::Relaxed),
+        refusing: b.state.refusing(now_ms),
         health: health.status(),
         unresolved: b.state.address.unresolved(),
         ejected: health.is_ejected(now_ms),

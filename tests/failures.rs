@@ -3,8 +3,8 @@
 mod common;
 
 use common::{
-    backend_field, eventually, free_port, start_fleet, start_workers, Backend, Config, Proxy, Req,
-    WAIT,
+    backend_field, eventually, free_port, recording_backend, start_fleet, start_workers, Backend,
+    Config, Proxy, Req, WAIT,
 };
 use gpulb::tools::sim::Fault;
 use std::time::Duration;
@@ -137,6 +137,56 @@ async fn killed_backend_is_retried_around() {
         assert_eq!(resp.status, 200);
         assert_eq!(resp.worker, "w1");
     }
+    proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refused_is_passed_over_for_its_retry_after_while_another_has_room() {
+    const REFUSAL: &[u8] =
+        b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 30\r\ncontent-length: 4\r\n\r\nbusy";
+    let (refusing_url, refused) = recording_backend(REFUSAL).await;
+    let workers = start_workers(1, |p| p.decode_step = Duration::from_millis(20)).await;
+    let config = Config::new()
+        .set("models", "{discover: false}")
+        .backend(Backend::at("r0", &refusing_url).unchecked())
+        .backend(Backend::of(&workers[0]).max_outstanding(1));
+    let proxy = Proxy::start(config).await;
+    let chat = Req::post(
+        "/v1/chat/completions",
+        r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    // Two idle backends tie, and the tie is random: requests go one at a time until one has
+    // met the refusal (and was answered by w0 instead).
+    for _ in 0..40 {
+        let answer = proxy.send(&chat).await;
+        assert_eq!((answer.status, answer.worker.as_str()), (200, "w0"));
+        if !refused.lock().unwrap().is_empty() {
+            break;
+        }
+    }
+    assert_eq!(refused.lock().unwrap().len(), 1, "no request met r0");
+    // For its Retry-After, r0 gets no first tries while w0 has room: no round trip wasted.
+    for answer in proxy.send_n(20, &chat).await {
+        assert_eq!((answer.status, answer.worker.as_str()), (200, "w0"));
+    }
+    assert_eq!(refused.lock().unwrap().len(), 1, "r0 was tried again");
+    let status = proxy.status().await;
+    let r0 = status["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "r0");
+    assert_eq!(r0.unwrap()["refusing"], true, "{status}");
+    // With w0 full (a long stream holds its one slot), r0 is all there is, and is tried.
+    let client = reqwest::Client::new();
+    let mut stream = Req::completion_stream(5000).send(&client, &proxy.url).await;
+    assert_eq!(stream.status(), 200);
+    let first = tokio::time::timeout(WAIT, stream.chunk()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+    let answer = proxy.send(&chat).await;
+    assert_eq!(answer.status, 429, "{}", answer.body);
+    assert_eq!(refused.lock().unwrap().len(), 2);
+    drop(stream);
     proxy.wait_idle().await;
 }
 

@@ -287,9 +287,7 @@ impl ProxyHttp for Gpulb {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        if let Some(retry) =
-            refused::retry_elsewhere(session, upstream_response.status.as_u16(), ctx)
-        {
+        if let Some(retry) = refused::retry_elsewhere(session, upstream_response, ctx) {
             return Err(retry);
         }
         ctx.first_byte = Some(Instant::now());

@@ -102,6 +102,9 @@ impl Snapshot {
             })
             .collect();
         keep_to_kv_room(&mut candidates, ask.demand.tokens);
+        pass_over_refusing(&mut candidates, |k| {
+            self.backends[members[k]].state.refusing(now_ms)
+        });
         let placement = &class.placement;
         let speeds = placement
             .uses_speeds()
@@ -326,12 +329,31 @@ pub struct Demand {
 /// (it would push running work out there), when another available backend can; when none can,
 /// or no backend's KV capacity is known, nothing changes.
 fn keep_to_kv_room(candidates: &mut [Candidate], tokens: u64) {
-    let fits = |c: &Candidate| c.kv_free_tokens.is_none_or(|free| free >= tokens);
-    if tokens == 0 || !candidates.iter().any(|c| c.available() && fits(c)) {
+    if tokens > 0 {
+        prefer(candidates, |_, c| {
+            c.kv_free_tokens.is_none_or(|free| free >= tokens)
+        });
+    }
+}
+
+/// Leaves out the backends that refused work lately (a `retry_statuses` answer, for its
+/// `Retry-After`), while another can take the request: a backend that refuses everything looks
+/// idle, and would otherwise get first tries that each cost a round trip.
+fn pass_over_refusing(candidates: &mut [Candidate], refusing: impl Fn(usize) -> bool) {
+    prefer(candidates, |k, _| !refusing(k));
+}
+
+/// Makes the candidates that are not `wanted` ineligible, when a wanted one is available.
+fn prefer(candidates: &mut [Candidate], wanted: impl Fn(usize, &Candidate) -> bool) {
+    if !candidates
+        .iter()
+        .enumerate()
+        .any(|(k, c)| c.available() && wanted(k, c))
+    {
         return;
     }
-    for c in candidates.iter_mut() {
-        c.eligible &= fits(c);
+    for (k, c) in candidates.iter_mut().enumerate() {
+        c.eligible &= wanted(k, c);
     }
 }
 

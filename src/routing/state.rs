@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use std::net::SocketAddr;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// Wakes the admission dispatcher: when a slot is released while requests wait in some queue,
@@ -126,6 +126,9 @@ pub struct BackendState {
     /// Of those, the ones it refused with a `retry_statuses` status that went to another
     /// backend instead.
     pub refusals_retried_total: AtomicU64,
+    /// Until when (monotonic ms, [`crate::health::now_ms`]) it is passed over while another
+    /// backend can take the request: it refused one with a `retry_statuses` status.
+    refusing_until_ms: AtomicU64,
     /// Active check status and passive ejection.
     pub health: HealthState,
     /// Last telemetry read (GPU and model-server figures), with its time; `None` before any.
@@ -186,6 +189,7 @@ impl BackendState {
             outstanding: Arc::new(InflightCounter::with_release_signal(released)),
             attempts_total: AtomicU64::new(0),
             refusals_retried_total: AtomicU64::new(0),
+            refusing_until_ms: AtomicU64::new(0),
             health: HealthState::default(),
             telemetry: Arc::new(arc_swap::ArcSwapOption::empty()),
             telemetry_errors: Arc::new(AtomicU64::new(0)),
@@ -193,6 +197,24 @@ impl BackendState {
             models: ServedModels::default(),
             outstanding_tokens: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Records a refusal at `now_ms`: it is passed over for `cooldown` while others have room.
+    pub fn note_refusal(&self, now_ms: u64, cooldown: Duration) {
+        let until = now_ms.saturating_add(u64::try_from(cooldown.as_millis()).unwrap_or(u64::MAX));
+        self.refusing_until_ms.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Ends a refusal's cooldown early: it took a request (no store while there is none).
+    pub fn note_accepted(&self) {
+        if self.refusing_until_ms.load(Ordering::Relaxed) != 0 {
+            self.refusing_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether it refused work lately enough to be passed over at `now_ms` ([`Self::note_refusal`]).
+    pub fn refusing(&self, now_ms: u64) -> bool {
+        now_ms < self.refusing_until_ms.load(Ordering::Relaxed)
     }
 
     /// Whether new requests may go to it now: its name resolved, healthy and not ejected.

@@ -91,6 +91,37 @@ fn acquire_skips_excluded_backends() {
 }
 
 #[test]
+fn a_refusing_backend_is_passed_over_until_its_cooldown_ends_or_it_takes_a_request() {
+    let snap = Snapshot::build(config(TWO_CLASSES), 1, None);
+    let refusing = &snap.backends[0].state;
+    let now = crate::health::now_ms();
+    refusing.note_refusal(now, std::time::Duration::from_secs(30));
+    assert!(refusing.refusing(now) && !refusing.refusing(now + 30_000));
+    // Backend 1 takes class 0's requests while it has room (its cap is 1), then backend 0 does.
+    let first = snap.acquire_for_class(0, &Demand::default(), &[]).unwrap();
+    assert_eq!(first.backend, 1);
+    let second = snap.acquire_for_class(0, &Demand::default(), &[]).unwrap();
+    assert_eq!(
+        second.backend, 0,
+        "the refusing backend was left unused with nothing else free"
+    );
+    drop((first, second));
+    // A shorter refusal later does not cut a longer one short; an accepted request ends it.
+    refusing.note_refusal(now, std::time::Duration::from_secs(1));
+    assert!(refusing.refusing(now + 10_000));
+    refusing.note_accepted();
+    assert!(!refusing.refusing(now));
+    let spread: std::collections::HashSet<usize> = (0..40)
+        .map(|_| {
+            snap.acquire_for_class(0, &Demand::default(), &[])
+                .unwrap()
+                .backend
+        })
+        .collect();
+    assert_eq!(spread.len(), 2, "ties go both ways again: {spread:?}");
+}
+
+#[test]
 fn apply_keeps_live_state_by_name() {
     let registry = Registry::new(config(TWO_CLASSES));
     let first = registry.load();
