@@ -204,6 +204,7 @@ mod tests {
         n: 1,
         prompt_tokens: 300,
         prefix: Vec::new(),
+        previous_response_id: None,
     };
 
     #[test]

@@ -29,6 +29,8 @@ pub struct FleetView {
     pub classes: Vec<ClassView>,
     /// The prompt prefix index of `prefix_affinity` placement.
     pub prefix_index: PrefixIndexView,
+    /// Stored responses (Responses API) whose backend is remembered now.
+    pub stored_responses: usize,
     /// Each pool's DNS discovery (filled by whoever holds the registry; empty when none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub discovery: Vec<crate::discovery::GroupStatus>,
@@ -221,6 +223,7 @@ impl FleetView {
                 capacity: snapshot.prefixes.capacity(),
                 approx_bytes: snapshot.prefixes.len() * ENTRY_BYTES,
             },
+            stored_responses: snapshot.responses.len(),
             discovery: Vec::new(),
         }
     }

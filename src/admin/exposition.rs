@@ -55,6 +55,7 @@ live_collectors! {
     prefix_hits: GaugeVec = "gpulb_backend_prefix_cache_hit_ratio", "Share of prompt tokens the model server found in its prefix cache, 0..1 (vLLM: since it started; SGLang: its cache_hit_rate).", ["backend"];
     body_held: IntGaugeVec = "gpulb_request_body_held_bytes", "Request body bytes held in memory now (read before routing, kept until the request ends), against request_body.max_held_bytes.", [];
     prefix_entries: IntGaugeVec = "gpulb_prefix_index_entries", "Prompt prefix blocks the prefix_affinity index remembers now (each about 60 bytes).", [];
+    stored_responses: IntGaugeVec = "gpulb_stored_responses_tracked", "Stored responses (Responses API) whose backend gpulb remembers now, to send the requests naming them there.", [];
     telemetry_age: GaugeVec = "gpulb_telemetry_age_seconds", "Age of the backend's last telemetry reading.", ["backend"];
     telemetry_errors: IntCounterVec = "gpulb_telemetry_errors_total", "Telemetry scrapes of the backend that failed.", ["backend"];
     discovered: IntGaugeVec = "gpulb_discovery_backends", "Backends the pool's DNS discovery has in force (its last good set).", ["pool"];
@@ -155,6 +156,9 @@ impl Live {
         self.prefix_entries
             .with_label_values(none)
             .set(i64::try_from(view.prefix_index.entries).unwrap_or(i64::MAX));
+        self.stored_responses
+            .with_label_values(none)
+            .set(i64::try_from(view.stored_responses).unwrap_or(i64::MAX));
         self.generation
             .with_label_values(none)
             .set(view.generation as i64);

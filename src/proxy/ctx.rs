@@ -64,6 +64,8 @@ pub struct RequestCtx {
     pub(crate) demand: Demand,
     /// The response body from its last `usage` key on, for a read body's reported tokens.
     pub(crate) tail: super::usage_tail::UsageTail,
+    /// Looking for the id of the response this answer stores (`POST /v1/responses`).
+    pub(crate) response_id: Option<crate::routing::responses::ResponseIdScan>,
     /// Metric handles of the request's class.
     pub(crate) class_metrics: Option<Arc<ClassMetrics>>,
     /// The current attempt's first-byte and idle deadlines, when they differ.

@@ -7,7 +7,7 @@ use super::heads::BodyHeads;
 use crate::error::ProxyError;
 use crate::request::BodyFacts;
 use crate::routing::classify::{BodyView, Envelope};
-use crate::routing::{Demand, ModelRefusal, Snapshot};
+use crate::routing::{responses, Demand, ModelRefusal, Snapshot};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -98,6 +98,9 @@ pub async fn intake(
     };
     match route {
         Ok(route) => {
+            let route = stored_response(session, ctx)
+                .and_then(|id| snapshot.stored_response_route(ctx.class, id))
+                .unwrap_or(route);
             let tokens = ctx.facts.as_ref().map_or(0, BodyFacts::estimated_tokens);
             if tokens > 0 {
                 snapshot.classes[ctx.class].state.note_tokens(tokens);
@@ -119,4 +122,14 @@ pub async fn intake(
         })),
         Err(ModelRefusal::Required(served)) => Ok(Some(ProxyError::ModelRequired(served))),
     }
+}
+
+/// The stored response (Responses API) the request names: its body's `previous_response_id`,
+/// or the id in its path (`/v1/responses/{id}`).
+fn stored_response<'a>(session: &'a Session, ctx: &'a RequestCtx) -> Option<&'a str> {
+    let named = ctx
+        .facts
+        .as_ref()
+        .and_then(|f| f.previous_response_id.as_deref());
+    named.or_else(|| responses::id_in_path(session.req_header().uri.path()))
 }

@@ -18,6 +18,7 @@ mod hygiene;
 mod intake;
 mod refused;
 mod respond;
+mod stored;
 mod sweeper;
 mod tenant;
 mod usage_tail;
@@ -291,6 +292,7 @@ impl ProxyHttp for Gpulb {
             return Err(retry);
         }
         ctx.first_byte = Some(Instant::now());
+        stored::watch(session, upstream_response, ctx);
         for name in headers::hop_by_hop(&upstream_response.headers) {
             upstream_response.remove_header(&name);
         }
@@ -454,6 +456,9 @@ impl ProxyHttp for Gpulb {
         }
         if let (Some(_), Some(chunk)) = (&ctx.facts, body.as_ref()) {
             ctx.tail.feed(chunk);
+        }
+        if let Some(chunk) = body.as_ref() {
+            stored::feed(chunk, ctx);
         }
         Ok(None)
     }

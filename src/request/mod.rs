@@ -35,6 +35,8 @@ pub struct BodyFacts {
     /// [`MAX_PREFIX_BLOCKS`] (a partial last block is left out). Two prompts sharing their first
     /// `k` blocks share their first `k` hashes.
     pub prefix: Vec<u64>,
+    /// `previous_response_id` (Responses API): the stored response it goes on from.
+    pub previous_response_id: Option<String>,
 }
 
 impl BodyFacts {
@@ -52,13 +54,14 @@ pub struct BodyError(String);
 
 /// The top-level keys read: the envelope's, then the prompt's. Everything else is skipped
 /// (its grammar checked, nothing built).
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "model",
     "stream",
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
     "n",
+    "previous_response_id",
     "messages",
     "prompt",
     "input",
@@ -73,6 +76,7 @@ struct Envelope {
     max_completion_tokens: Option<u64>,
     max_output_tokens: Option<u64>,
     n: Option<u64>,
+    previous_response_id: Option<String>,
 }
 
 /// Reads the facts of a JSON request body.
@@ -100,6 +104,7 @@ pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
             3 => e.max_completion_tokens = optional_count(scan, field)?,
             4 => e.max_output_tokens = optional_count(scan, field)?,
             5 => e.n = optional_count(scan, field)?,
+            6 => e.previous_response_id = optional_string(scan, field)?,
             _ => text.walk(scan, depth)?,
         }
         Ok(())
@@ -117,6 +122,7 @@ pub fn parse(body: &[u8]) -> Result<BodyFacts, BodyError> {
         n: e.n.unwrap_or(1),
         prompt_tokens: text.bytes.div_ceil(BYTES_PER_TOKEN),
         prefix: text.prefix.finish(),
+        previous_response_id: e.previous_response_id,
     })
 }
 
@@ -331,6 +337,23 @@ mod tests {
             let error = parse(bad).unwrap_err().to_string();
             assert!(error.contains(why), "{error}");
         }
+    }
+
+    #[test]
+    fn a_responses_body_names_the_response_it_goes_on_from() {
+        let f = parse(
+            br#"{"model":"m","input":"12345678","previous_response_id":"resp_1","max_output_tokens":5}"#,
+        )
+        .unwrap();
+        assert_eq!(f.previous_response_id.as_deref(), Some("resp_1"));
+        assert_eq!((f.prompt_tokens, f.max_tokens), (2, Some(5)));
+        let none = parse(br#"{"input":"x","previous_response_id":null}"#).unwrap();
+        assert_eq!(none.previous_response_id, None);
+        let error = parse(br#"{"previous_response_id":7}"#).unwrap_err();
+        assert!(
+            error.to_string().contains("previous_response_id"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use super::classify::ClassRule;
 use super::prefix::PrefixIndex;
+use super::responses::{ResponseOwners, MAX_RESPONSES_TRACKED};
 use super::{
     placement, Backend, BackendState, Class, ClassState, ModelList, ModelSource, Pool, Snapshot,
 };
@@ -83,6 +84,10 @@ impl Snapshot {
             || Arc::new(PrefixIndex::new(PREFIX_INDEX_ENTRIES)),
             |p| Arc::clone(&p.prefixes),
         );
+        let responses = previous.map_or_else(
+            || Arc::new(ResponseOwners::new(MAX_RESPONSES_TRACKED)),
+            |p| Arc::clone(&p.responses),
+        );
         let backends: Vec<Backend> = config
             .backends
             .iter()
@@ -163,6 +168,7 @@ impl Snapshot {
             default_class,
             capacity,
             prefixes,
+            responses,
         }
     }
 }

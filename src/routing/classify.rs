@@ -201,6 +201,7 @@ mod tests {
             n: 1,
             prompt_tokens: 10,
             prefix: Vec::new(),
+            previous_response_id: None,
         };
         assert_eq!(r.matches(&req, read(&facts, Some("llama-3"))), Ok(true));
         assert_eq!(r.matches(&req, read(&facts, Some("qwen"))), Ok(false));

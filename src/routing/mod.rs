@@ -14,6 +14,7 @@ pub mod models;
 pub mod placement;
 pub mod prefix;
 mod queues;
+pub mod responses;
 mod select;
 pub mod service_time;
 mod snapshot;

@@ -86,6 +86,8 @@ impl ServedModels {
         match route {
             ModelRoute::Any => true,
             ModelRoute::Unlisted => self.0.load().is_none(),
+            // The backend is chosen by who stored the response, not by its list.
+            ModelRoute::Stored(_) => true,
             ModelRoute::Listed(model) => self.0.load().as_ref().is_none_or(|l| l.serves(model)),
         }
     }
@@ -102,6 +104,9 @@ pub enum ModelRoute {
     Listed(Arc<str>),
     /// A model no backend lists: only backends whose list is unknown.
     Unlisted,
+    /// It names a stored response (Responses API): only the backend that stored it, by its
+    /// [`crate::routing::BackendState::id`] (see [`crate::routing::responses`]).
+    Stored(u32),
 }
 
 impl ModelRoute {
@@ -111,6 +116,7 @@ impl ModelRoute {
             ModelRoute::Any => "*",
             ModelRoute::Listed(model) => model,
             ModelRoute::Unlisted => "unlisted",
+            ModelRoute::Stored(_) => "stored-response",
         }
     }
 }
@@ -196,7 +202,7 @@ impl Snapshot {
     }
 
     /// The backends of `class`'s pool and fallback pool.
-    fn class_members(&self, class: usize) -> impl Iterator<Item = &Backend> + '_ {
+    pub(super) fn class_members(&self, class: usize) -> impl Iterator<Item = &Backend> + '_ {
         let c = self.classes.get(class);
         let pools = c
             .into_iter()

@@ -63,13 +63,18 @@ impl ClassQueues {
         by_tenant
     }
 
-    /// Requests waiting now, per model route with any (`*` for requests naming none).
+    /// Requests waiting now, per model route with any (`*` for requests naming none,
+    /// `stored-response` for those naming a stored response).
     pub fn depth_by_model(&self) -> BTreeMap<String, usize> {
-        self.read()
-            .iter()
-            .map(|(r, q)| (r.label().to_string(), q.depth()))
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        let mut by_model = BTreeMap::new();
+        for (route, queue) in self.read().iter() {
+            let depth = queue.depth();
+            if depth > 0 {
+                // Routes to stored responses share one label.
+                *by_model.entry(route.label().to_string()).or_insert(0) += depth;
+            }
+        }
+        by_model
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, FastMap<ModelRoute, Arc<ClassQueue<Grant>>>> {

@@ -96,8 +96,8 @@ impl Snapshot {
             .iter()
             .map(|&i| {
                 let mut c = self.candidate(i, guards, class, claim, now_ms, now);
-                c.eligible &= !ask.excluded.contains(&i)
-                    && self.backends[i].state.models.admits(&ask.demand.route);
+                c.eligible &=
+                    !ask.excluded.contains(&i) && self.backends[i].state.admits(&ask.demand.route);
                 c
             })
             .collect();
@@ -246,7 +246,7 @@ impl Snapshot {
         let now = Instant::now();
         let now_ms = ms_at(now);
         pool.members.iter().any(|&i| {
-            self.backends[i].state.models.admits(route)
+            self.backends[i].state.admits(route)
                 && self
                     .candidate(i, &c.guards, c, RoomClaim::Split, now_ms, now)
                     .available()

@@ -7,6 +7,7 @@ use super::build::{resolve_backends, Resolved};
 use super::classify::{BodyView, ClassRule, Envelope};
 use super::placement::Placement;
 use super::prefix::PrefixIndex;
+use super::responses::ResponseOwners;
 use super::state::{BackendState, ClassState};
 use crate::admission::QueuePolicy;
 use crate::config::{Config, Guards, HealthCheck, ResolveError, SourceConfig, Upstream};
@@ -94,6 +95,8 @@ pub struct Snapshot {
     pub capacity: Arc<CapacitySignal>,
     /// Where prompt prefixes were sent; shared by all snapshots.
     pub prefixes: Arc<PrefixIndex>,
+    /// Which backend stored each response (Responses API); shared by all snapshots.
+    pub responses: Arc<ResponseOwners>,
 }
 
 impl Snapshot {

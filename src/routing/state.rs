@@ -1,6 +1,6 @@
 //! Live per-backend and per-class state: in-flight counters and the RAII slots that hold them.
 
-use super::models::ServedModels;
+use super::models::{ModelRoute, ServedModels};
 use super::queues::ClassQueues;
 use crate::config::ResolveError;
 use crate::health::HealthState;
@@ -215,6 +215,15 @@ impl BackendState {
     /// Whether it refused work lately enough to be passed over at `now_ms` ([`Self::note_refusal`]).
     pub fn refusing(&self, now_ms: u64) -> bool {
         now_ms < self.refusing_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether a request whose route is `route` may go to it: it serves the model, or it is
+    /// the backend that stored the response the request names.
+    pub fn admits(&self, route: &ModelRoute) -> bool {
+        match route {
+            ModelRoute::Stored(owner) => self.id == *owner,
+            _ => self.models.admits(route),
+        }
     }
 
     /// Whether new requests may go to it now: its name resolved, healthy and not ejected.

@@ -1,4 +1,5 @@
-//! OpenAI generation endpoints: submit to the engine, answer as one JSON body or as SSE events.
+//! OpenAI generation endpoints (completions, chat, responses): submit to the engine, answer as
+//! one JSON body or as SSE events.
 
 use std::sync::atomic::Ordering;
 
@@ -13,9 +14,10 @@ use super::body::{json_response, Body, BoxError};
 use super::engine::SubmitError;
 use super::http::{error, model_not_found, read_body, Shared, MAX_BODY};
 use super::openai::{self, GenRequest, Kind, RequestError};
+use super::responses;
 use super::Fault;
 
-/// Handles `/v1/completions` and `/v1/chat/completions`.
+/// Handles `/v1/completions`, `/v1/chat/completions` and `/v1/responses`.
 pub(crate) async fn generate(
     sh: &Shared,
     req: Request<Incoming>,
@@ -33,6 +35,11 @@ pub(crate) async fn generate(
         }
         Err(RequestError::NotServed(e)) => return model_not_found(&e),
     };
+    if let Some(previous) = greq.previous_response_id.as_deref() {
+        if !sh.responses.has(previous) {
+            return responses::not_found(previous);
+        }
+    }
     let blocks = std::mem::take(&mut greq.prompt_blocks);
     let mut rx = match sh
         .engine
@@ -54,16 +61,19 @@ pub(crate) async fn generate(
             )
         }
     };
-    let prefix = if kind == Kind::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl-",
+        Kind::Completion => "cmpl-",
+        Kind::Response => "resp_",
     };
     let id = format!(
-        "{prefix}-{}-{}",
+        "{prefix}{}-{}",
         sh.name,
         sh.next_id.fetch_add(1, Ordering::Relaxed)
     );
+    if kind == Kind::Response && greq.store {
+        sh.responses.keep(&id);
+    }
     if greq.stream {
         let die_after = match fault {
             Fault::DieMidStream { after_tokens } => Some(after_tokens),
@@ -130,7 +140,7 @@ fn sse_response(state: SseState) -> Response<Body> {
             }
             None if st.sent >= st.req.max_tokens => {
                 st.ended = true;
-                Ok(openai::DONE_EVENT.to_string())
+                Ok(openai::end_event(&st.id, &st.req, st.kind, st.sent))
             }
             None => {
                 st.ended = true;

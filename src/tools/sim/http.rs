@@ -18,6 +18,7 @@ use super::embeddings::{self, Embedder};
 use super::engine::Engine;
 use super::models::{NotServed, ServedModels};
 use super::openai::{self, Kind};
+use super::responses::{self, Store};
 use super::{completions, dcgm, metrics, Fault};
 
 /// Largest accepted generation request body: above gpulb's own default limit
@@ -57,6 +58,8 @@ pub(crate) struct Shared {
     pub embedder: Embedder,
     /// `Authorization` every `/v1/` request must carry, when set.
     pub api_key: Option<Vec<u8>>,
+    /// The Responses API answers stored here.
+    pub responses: Store,
 }
 
 impl Shared {
@@ -180,6 +183,12 @@ async fn route(sh: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         }
         (Method::POST, "/v1/chat/completions") => {
             completions::generate(sh, req, Kind::Chat, fault).await
+        }
+        (Method::POST, "/v1/responses") => {
+            completions::generate(sh, req, Kind::Response, fault).await
+        }
+        (Method::GET, p) if p.starts_with("/v1/responses/") => {
+            responses::retrieve(&sh.responses, &p["/v1/responses/".len()..])
         }
         (Method::POST, "/v1/embeddings") => {
             let slow = if let Fault::Slow(f) = fault { f } else { 1.0 };

@@ -16,6 +16,7 @@ mod model_tests;
 mod models;
 mod openai;
 mod prefix;
+mod responses;
 #[cfg(test)]
 mod tests;
 
@@ -203,6 +204,7 @@ impl SimWorker {
             ctl: ctl_rx.clone(),
             gpu,
             embedder: Embedder::new(profile.embedding),
+            responses: Default::default(),
             api_key: profile
                 .api_key
                 .map(|key| format!("Bearer {key}").into_bytes()),

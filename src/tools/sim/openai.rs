@@ -18,6 +18,8 @@ pub(crate) enum Kind {
     Completion,
     /// `/v1/chat/completions`
     Chat,
+    /// `/v1/responses`
+    Response,
 }
 
 #[derive(Deserialize)]
@@ -25,10 +27,14 @@ struct RawRequest {
     model: Option<String>,
     prompt: Option<Value>,
     messages: Option<Vec<Value>>,
+    input: Option<Value>,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
+    max_output_tokens: Option<u32>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    previous_response_id: Option<String>,
+    store: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -52,6 +58,10 @@ pub(crate) struct GenRequest {
     /// Whether a stream ends with a `usage` chunk (`stream_options.include_usage`), as vLLM's
     /// and OpenAI's do.
     pub include_usage: bool,
+    /// The stored response a Responses API request goes on from.
+    pub previous_response_id: Option<String>,
+    /// Whether a Responses API answer is stored (`store`, default true).
+    pub store: bool,
 }
 
 /// Why a generation request is refused before it reaches the engine.
@@ -80,6 +90,14 @@ pub(crate) fn parse_request(
         serde_json::from_slice(body).map_err(|e| format!("could not parse JSON body: {e}"))?;
     let messages = |m: &Vec<Value>| m.iter().map(message_text).collect::<String>();
     let text = match (kind, &raw.prompt, &raw.messages) {
+        (Kind::Response, _, _) => match &raw.input {
+            Some(input) => input_text(input)?,
+            None => {
+                return Err(RequestError::Invalid(
+                    "'input' is a required property".into(),
+                ))
+            }
+        },
         (Kind::Completion, Some(p), _) | (Kind::Chat, Some(p), None) => prompt_text(p)?,
         (_, _, Some(m)) => messages(m),
         (Kind::Chat, None, None) => {
@@ -100,6 +118,7 @@ pub(crate) fn parse_request(
         max_tokens: raw
             .max_tokens
             .or(raw.max_completion_tokens)
+            .or(raw.max_output_tokens)
             .unwrap_or(default_max)
             .max(1),
         stream: raw.stream.unwrap_or(false),
@@ -107,7 +126,24 @@ pub(crate) fn parse_request(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        previous_response_id: raw.previous_response_id,
+        store: raw.store.unwrap_or(true),
     })
+}
+
+/// The text of a Responses API `input`: a string, or a list of strings and messages.
+fn input_text(input: &Value) -> Result<String, String> {
+    match input {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(items) => Ok(items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => s.clone(),
+                message => message_text(message),
+            })
+            .collect()),
+        _ => Err("'input' must be a string or a list of items".into()),
+    }
 }
 
 fn prompt_text(p: &Value) -> Result<String, String> {
@@ -179,10 +215,14 @@ pub(crate) fn full_response(
     kind: Kind,
     completion_tokens: u32,
 ) -> Value {
+    if kind == Kind::Response {
+        return super::responses::response_object(id, req, completion_tokens, "completed");
+    }
     let text: String = (0..completion_tokens).map(token_text).collect();
     let usage = usage(req, completion_tokens);
     let (object, choice) = match kind {
-        Kind::Completion => (
+        // (A Response is answered above.)
+        Kind::Completion | Kind::Response => (
             "text_completion",
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
         ),
@@ -198,13 +238,17 @@ pub(crate) fn full_response(
 
 /// One SSE event (`data: {...}\n\n`) carrying token `i`.
 pub(crate) fn stream_event(id: &str, req: &GenRequest, kind: Kind, i: u32) -> String {
+    if kind == Kind::Response {
+        return super::responses::token_events(id, req, i);
+    }
     let finish = if i + 1 >= req.max_tokens {
         json!("length")
     } else {
         Value::Null
     };
     let (object, choice) = match kind {
-        Kind::Completion => (
+        // (A Response is answered above.)
+        Kind::Completion | Kind::Response => (
             "text_completion",
             json!({"index": 0, "text": token_text(i), "logprobs": null, "finish_reason": finish}),
         ),
@@ -234,7 +278,8 @@ pub(crate) fn usage_event(
     completion_tokens: u32,
 ) -> String {
     let object = match kind {
-        Kind::Completion => "text_completion",
+        // (A Response stream ends with `response.completed` instead.)
+        Kind::Completion | Kind::Response => "text_completion",
         Kind::Chat => "chat.completion.chunk",
     };
     let chunk = json!({"id": id, "object": object, "created": now_s(), "model": req.model,
@@ -244,6 +289,15 @@ pub(crate) fn usage_event(
 
 /// Final SSE event.
 pub(crate) const DONE_EVENT: &str = "data: [DONE]\n\n";
+
+/// The event that ends a stream of `kind` that generated `completion_tokens`: `[DONE]`, or the
+/// Responses API's `response.completed`.
+pub(crate) fn end_event(id: &str, req: &GenRequest, kind: Kind, completion_tokens: u32) -> String {
+    match kind {
+        Kind::Response => super::responses::completed_event(id, req, completion_tokens),
+        Kind::Completion | Kind::Chat => DONE_EVENT.to_string(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -316,6 +370,30 @@ mod tests {
         assert_eq!(v["choices"], json!([]));
         assert_eq!(v["usage"]["completion_tokens"], 2);
         assert_eq!(v["usage"]["total_tokens"], 3);
+    }
+
+    #[test]
+    fn a_responses_request_reads_input_and_is_stored_unless_told_not_to() {
+        let body = br#"{"input":[{"role":"user","content":"abcdefgh"},"ij"],"max_output_tokens":3,"previous_response_id":"resp_1"}"#;
+        let r = parse_request(body, Kind::Response, 16, &served()).unwrap();
+        assert_eq!((r.prompt_tokens, r.max_tokens, r.store), (3, 3, true));
+        assert_eq!(r.previous_response_id.as_deref(), Some("resp_1"));
+        let unstored = br#"{"input":"x","store":false}"#;
+        assert!(
+            !parse_request(unstored, Kind::Response, 16, &served())
+                .unwrap()
+                .store
+        );
+        assert!(parse_request(b"{}", Kind::Response, 16, &served()).is_err());
+        let full = full_response("resp_a", &r, Kind::Response, 2);
+        assert_eq!(full["object"], "response");
+        assert_eq!(full["output"][0]["content"][0]["text"], " tok0 tok1");
+        assert_eq!(full["usage"]["output_tokens"], 2);
+        let events = stream_event("resp_a", &r, Kind::Response, 0);
+        assert!(events.starts_with("event: response.created\n"), "{events}");
+        let end = end_event("resp_a", &r, Kind::Response, 3);
+        assert!(end.starts_with("event: response.completed\n"), "{end}");
+        assert_eq!(end_event("x", &r, Kind::Chat, 3), DONE_EVENT);
     }
 
     #[test]
