@@ -63,10 +63,14 @@ async fn a_conversation_goes_on_at_the_backend_that_stored_its_last_response() {
     // The first answer and the eight turns' are remembered.
     assert_eq!(proxy.status().await["stored_responses"], 9);
     assert_eq!(proxy.metric("gpulb_stored_responses_tracked").await, 9.0);
-    // An id gpulb never saw is routed as any request, and answered by a backend: 404.
+    // An id no backend holds is looked for on each, and the last one's 404 reaches the client.
     let unknown = proxy.send(&respond(Some("resp_unknown"), false)).await;
     assert_eq!(unknown.status, 404, "{}", unknown.body);
     assert!(unknown.body.contains("resp_unknown"), "{}", unknown.body);
+    // (The first answer, eight turns and four retrievals were logged before it.)
+    let record = proxy.first_access_records(14).await.pop().unwrap();
+    assert_eq!(record["status"], 404, "{record}");
+    assert_eq!(record["attempts"], 3, "{record}");
 
     // The backend that stored it out (unhealthy): the request is not held for it but goes to
     // another, whose own answer says the response is not there.
@@ -125,4 +129,45 @@ async fn requests_naming_a_response_wait_for_its_full_backend_and_others_do_not(
     );
     assert_eq!(holder.await.unwrap().status, 200);
     proxy.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_did_not_see_a_response_finds_its_backend_and_remembers_it() {
+    let workers = start_workers(4, |_| {}).await;
+    let (a, b) = (
+        Proxy::start(Config::fleet(&workers)).await,
+        Proxy::start(Config::fleet(&workers)).await,
+    );
+    // Replica b never saw these: the backends that do not hold one answer 404 and the request
+    // goes on to the next, until the one that does (each would otherwise miss 3 times in 4).
+    let mut owner = String::new();
+    let mut id = String::new();
+    for turn in 0..6 {
+        let first = a.send(&respond(None, false)).await;
+        assert_eq!(first.status, 200, "{}", first.body);
+        (owner, id) = (
+            first.worker.clone(),
+            first.json()["id"].as_str().unwrap().to_string(),
+        );
+        let found = b.send(&respond(Some(&id), false)).await;
+        assert_eq!(
+            (found.status, found.worker.as_str()),
+            (200, owner.as_str()),
+            "turn {turn}: {}",
+            found.body
+        );
+    }
+    // b now knows the last one's backend, and goes there at once.
+    for n in 7..=10 {
+        let again = b.send(&Req::get(format!("/v1/responses/{id}"))).await;
+        assert_eq!((again.status, again.worker.as_str()), (200, owner.as_str()));
+        let record = b.first_access_records(n).await.pop().unwrap();
+        assert_eq!(record["attempts"], 1, "{record}");
+    }
+    // Not a refusal: no backend is passed over for it.
+    let status = b.status().await;
+    for backend in status["backends"].as_array().unwrap() {
+        assert_eq!(backend["refusing"], false, "{backend}");
+        assert_eq!(backend["refusals_retried_total"], 0, "{backend}");
+    }
 }

@@ -64,6 +64,10 @@ pub struct RequestCtx {
     pub(crate) demand: Demand,
     /// The response body from its last `usage` key on, for a read body's reported tokens.
     pub(crate) tail: super::usage_tail::UsageTail,
+    /// The stored response (Responses API) the request names, when no backend is known to
+    /// hold it: a backend's `404` sends it on to the next ([`super::refused`]), and the one
+    /// that takes it is remembered as its holder.
+    pub(crate) seeking_response: Option<String>,
     /// Looking for the id of the response this answer stores (`POST /v1/responses`).
     pub(crate) response_id: Option<crate::routing::responses::ResponseIdScan>,
     /// Metric handles of the request's class.

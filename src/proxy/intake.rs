@@ -98,9 +98,20 @@ pub async fn intake(
     };
     match route {
         Ok(route) => {
-            let route = stored_response(session, ctx)
-                .and_then(|id| snapshot.stored_response_route(ctx.class, id))
-                .unwrap_or(route);
+            let stored = stored_response(session, ctx).map(|id| {
+                let owner = snapshot.responses.owner(id);
+                (id.to_string(), owner)
+            });
+            let route = match stored {
+                Some((_, Some(owner))) => snapshot
+                    .stored_response_route(ctx.class, owner)
+                    .unwrap_or(route),
+                Some((id, None)) => {
+                    ctx.seeking_response = Some(id);
+                    route
+                }
+                None => route,
+            };
             let tokens = ctx.facts.as_ref().map_or(0, BodyFacts::estimated_tokens);
             if tokens > 0 {
                 snapshot.classes[ctx.class].state.note_tokens(tokens);

@@ -1,6 +1,9 @@
 //! A backend's refusal of work it has not started (a status in `retry_statuses`, such as TGI's
-//! `429` past `--max-concurrent-requests`): while nothing has reached the client, the request
-//! goes to another backend of its pool instead, the way a connect failure does.
+//! `429` past `--max-concurrent-requests`), or its `404` for a stored response (Responses API)
+//! that gpulb does not know the holder of (another replica's, or from before a restart): while
+//! nothing has reached the client, the request goes to another backend of its pool instead,
+//! the way a connect failure does — within `connect_retries` for a refusal, on every backend
+//! with room in turn for a stored response.
 
 use super::ctx::RequestCtx;
 use crate::health::now_ms;
@@ -39,13 +42,17 @@ pub fn retry_elsewhere(
     let refusing = ctx.lease.as_ref()?.backend;
     let snapshot = ctx.snapshot.as_ref()?;
     let state = &snapshot.backends[refusing].state;
-    if !snapshot.config.retry_statuses.contains(&status) {
-        state.note_accepted();
-        return None;
-    }
-    state.note_refusal(now_ms(), cooldown(response));
-    if ctx.failed.len() >= snapshot.config.connect_retries {
-        return None;
+    // A stored response nobody is known to hold is looked for on every backend in turn.
+    let not_held_here = status == 404 && ctx.seeking_response.is_some();
+    if !not_held_here {
+        if !snapshot.config.retry_statuses.contains(&status) {
+            state.note_accepted();
+            return None;
+        }
+        state.note_refusal(now_ms(), cooldown(response));
+        if ctx.failed.len() >= snapshot.config.connect_retries {
+            return None;
+        }
     }
     let snapshot = std::sync::Arc::clone(snapshot);
     let state = &snapshot.backends[refusing].state;
@@ -56,8 +63,10 @@ pub fn retry_elsewhere(
     let mut excluded = ctx.failed.clone();
     excluded.push(refusing);
     let next = snapshot.acquire_for_class(ctx.class, &ctx.demand, &excluded)?;
-    let counter = &state.refusals_retried_total;
-    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if !not_held_here {
+        let counter = &state.refusals_retried_total;
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     ctx.failed = excluded;
     ctx.lease = Some(next);
     ctx.first_byte = None;

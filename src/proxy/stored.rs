@@ -7,8 +7,16 @@ use crate::routing::responses::{self, ResponseIdScan};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-/// Starts looking for the response id in an answer that creates a stored response.
+/// Starts looking for the response id in an answer that creates a stored response; remembers
+/// the backend that took a request naming a stored response nobody was known to hold.
 pub fn watch(session: &Session, response: &ResponseHeader, ctx: &mut RequestCtx) {
+    if let (Some(id), true) = (&ctx.seeking_response, response.status.is_success()) {
+        if let (Some(lease), Some(snapshot)) = (&ctx.lease, &ctx.snapshot) {
+            snapshot
+                .responses
+                .record(id, snapshot.backends[lease.backend].state.id);
+        }
+    }
     let req = session.req_header();
     if response.status.is_success()
         && req.method == http::Method::POST

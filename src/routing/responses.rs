@@ -79,13 +79,12 @@ impl ResponseOwners {
 }
 
 impl Snapshot {
-    /// Where a request of class `class` that names stored response `id` goes: only to the
-    /// backend that stored it, while that backend is in the class's pools and may take
-    /// requests (then it waits for it when it is full); `None` (routed as any other) when the
-    /// id is not known, or its backend is gone or out, whose answer (`404`) is then the
-    /// backend's own.
-    pub fn stored_response_route(&self, class: usize, id: &str) -> Option<ModelRoute> {
-        let owner = self.responses.owner(id)?;
+    /// Where a request of class `class` that names a stored response held by backend `owner`
+    /// (a [`crate::routing::BackendState::id`]) goes: only there, while that backend is in the
+    /// class's pools and may take requests (then it waits for it when it is full); `None`
+    /// (routed as any other, and the backend's own answer, `404`, reaches the client) when it
+    /// is gone or out.
+    pub fn stored_response_route(&self, class: usize, owner: u32) -> Option<ModelRoute> {
         let now = now_ms();
         self.class_members(class)
             .any(|b| b.state.id == owner && b.state.eligible(now))

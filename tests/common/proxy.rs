@@ -121,6 +121,16 @@ impl Proxy {
             .collect()
     }
 
+    /// The first `n` access-log records, once that many are written (a record is written after
+    /// its answer has gone, so it can trail the answer a client already holds).
+    pub async fn first_access_records(&self, n: usize) -> Vec<Value> {
+        eventually(WAIT, &format!("{n} access-log records"), || async {
+            let records = self.access_records();
+            (records.len() >= n).then(|| records[..n].to_vec())
+        })
+        .await
+    }
+
     /// Replaces the config file the way editors do: write a temp file, rename it over.
     pub fn rewrite_config(&self, body: impl Display) {
         let tmp = self.config_path.with_extension("yaml.tmp");
