@@ -1,5 +1,6 @@
 //! The official OpenAI Python client works through gpulb unchanged: it lists the fleet's models,
-//! gets a chat completion and a streamed one routed by model, and an unknown model's 404.
+//! gets a chat completion and a streamed one routed by model, and an unknown model's 404; and
+//! it holds a Responses API conversation whose turns each reach the backend storing the last.
 //! Needs `python3` with the `openai` package (`.ci/setup test` installs it).
 
 mod common;
@@ -16,7 +17,25 @@ async fn the_openai_python_client_works_through_gpulb() {
     .await;
     let proxy = Proxy::start(Config::fleet(&workers).set("models", "{interval: 100ms}")).await;
     proxy.wait_models_known().await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/openai_client.py");
+    run_script("openai_client.py", &proxy).await;
+    // Each request went to the GPU serving its model.
+    assert!(workers[1].stats().received_total >= 1);
+    assert!(workers[0].stats().received_total >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_client_holds_a_responses_conversation_through_gpulb() {
+    let workers = start_workers(3, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    run_script("openai_responses.py", &proxy).await;
+    // One worker stored the conversation and answered every turn of it.
+    let served: Vec<u64> = workers.iter().map(|w| w.stats().received_total).collect();
+    assert_eq!(served.iter().filter(|&&n| n >= 8).count(), 1, "{served:?}");
+}
+
+/// Runs `tests/data/<script>` against `proxy`, which prints "ok" when its checks hold.
+async fn run_script(script: &str, proxy: &Proxy) {
+    let script = format!("{}/tests/data/{script}", env!("CARGO_MANIFEST_DIR"));
     let url = proxy.url.clone();
     let out = tokio::task::spawn_blocking(move || {
         Command::new("python3")
@@ -35,7 +54,4 @@ async fn the_openai_python_client_works_through_gpulb() {
         out.status.success() && stdout.trim() == "ok",
         "stdout: {stdout}\nstderr: {stderr}"
     );
-    // Each request went to the GPU serving its model.
-    assert!(workers[1].stats().received_total >= 1);
-    assert!(workers[0].stats().received_total >= 1);
 }
