@@ -9,7 +9,9 @@ use crate::health::now_ms;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Response ids remembered at most (the oldest forgotten first): a few MiB at most.
+/// Response ids remembered at most (the oldest forgotten first): about 110 bytes each for
+/// vLLM's 37-byte ids (the id, its map entry and its place in the order), some 7 MiB in all
+/// (estimated, not measured).
 pub const MAX_RESPONSES_TRACKED: usize = 1 << 16;
 
 /// Longest response id remembered; a longer one is not an id any server here makes.
