@@ -1,6 +1,7 @@
 //! A protocol upgrade (WebSocket, as vLLM's realtime endpoint uses) through gpulb: the `101`
 //! reaches the client, bytes flow both ways on the upgraded connection, and the backend slot
-//! is held for the connection's life and released when the client closes it.
+//! is held for the connection's life and released when the client closes it; a tunnel cut for
+//! its quietness (`timeouts.idle`) is closed, never written an HTTP error into.
 
 mod common;
 
@@ -121,6 +122,37 @@ async fn an_upgraded_connection_carries_bytes_both_ways_and_holds_its_slot_until
     // The client closing its side ends the tunnel and releases the slot.
     raw.0.shutdown().await.unwrap();
     drop(raw);
+    eventually(Duration::from_secs(5), "the slot released", || async {
+        (backend_field(&proxy.status().await, "ws0", "outstanding") == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_quiet_past_the_idle_timeout_is_closed_without_an_http_error_written_into_it() {
+    let url = upgrading_backend().await;
+    let config = Config::new()
+        .set("models", "{discover: false}")
+        .set("timeouts", "{first_byte: 1s, idle: 1s}")
+        .backend(Backend::at("ws0", &url).unchecked());
+    let proxy = Proxy::start(config).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(
+        "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await;
+    let head = read_head(&mut raw).await;
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    raw.send("a").await;
+    assert_eq!(read_exactly(&mut raw, 1).await, b"A");
+    // Silent past both timeouts: the tunnel is cut, and what the client reads after the
+    // upgrade is the end of the connection, not an HTTP answer in the middle of its protocol.
+    let rest = read_exactly(&mut raw, 1).await;
+    assert!(
+        rest.is_empty(),
+        "bytes written into the tunnel: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
     eventually(Duration::from_secs(5), "the slot released", || async {
         (backend_field(&proxy.status().await, "ws0", "outstanding") == 0).then_some(())
     })

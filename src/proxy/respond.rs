@@ -10,11 +10,12 @@ use pingora::prelude::*;
 use pingora::proxy::Session;
 
 /// The final response header written to the client, if one was: a `100 Continue` gpulb sent
-/// before reading the body is not the answer, and an error can still follow it.
+/// before reading the body is not the answer, and an error can still follow it; a `101
+/// Switching Protocols` is (what follows it is the upgraded protocol's, never an HTTP error).
 pub fn answer_written(session: &Session) -> Option<&ResponseHeader> {
-    session
-        .response_written()
-        .filter(|resp| !resp.status.is_informational())
+    session.response_written().filter(|resp| {
+        !resp.status.is_informational() || resp.status == http::StatusCode::SWITCHING_PROTOCOLS
+    })
 }
 
 /// Writes an answer of gpulb's own: `status`, the JSON `body`, the request id and, when given,
