@@ -88,12 +88,16 @@ async fn read_exactly(raw: &mut Raw, want: usize) -> Vec<u8> {
     got
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgraded_connection_carries_bytes_both_ways_and_holds_its_slot_until_closed() {
+/// Starts gpulb (with `timeouts` when given) in front of an [`upgrading_backend`] named `ws0`,
+/// and opens a WebSocket upgrade through it; returns both once the client has the `101`.
+async fn open_tunnel(timeouts: Option<&str>) -> (Proxy, Raw) {
     let url = upgrading_backend().await;
-    let config = Config::new()
+    let mut config = Config::new()
         .set("models", "{discover: false}")
         .backend(Backend::at("ws0", &url).unchecked());
+    if let Some(timeouts) = timeouts {
+        config = config.set("timeouts", timeouts);
+    }
     let proxy = Proxy::start(config).await;
     let mut raw = Raw::connect(&proxy.url).await;
     raw.send(
@@ -106,7 +110,20 @@ async fn an_upgraded_connection_carries_bytes_both_ways_and_holds_its_slot_until
     let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
     assert!(text.starts_with("http/1.1 101"), "{text}");
     assert!(text.contains("upgrade: websocket"), "{text}");
+    (proxy, raw)
+}
 
+/// Waits for `ws0`'s slot to be released.
+async fn slot_released(proxy: &Proxy) {
+    eventually(Duration::from_secs(5), "the slot released", || async {
+        (backend_field(&proxy.status().await, "ws0", "outstanding") == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_carries_bytes_both_ways_and_holds_its_slot_until_closed() {
+    let (proxy, mut raw) = open_tunnel(None).await;
     // Several exchanges on the one connection, each answered in turn.
     for word in ["hello", "gpu", "fleet"] {
         raw.send(word).await;
@@ -122,27 +139,12 @@ async fn an_upgraded_connection_carries_bytes_both_ways_and_holds_its_slot_until
     // The client closing its side ends the tunnel and releases the slot.
     raw.0.shutdown().await.unwrap();
     drop(raw);
-    eventually(Duration::from_secs(5), "the slot released", || async {
-        (backend_field(&proxy.status().await, "ws0", "outstanding") == 0).then_some(())
-    })
-    .await;
+    slot_released(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_quiet_past_the_idle_timeout_is_closed_without_an_http_error_written_into_it() {
-    let url = upgrading_backend().await;
-    let config = Config::new()
-        .set("models", "{discover: false}")
-        .set("timeouts", "{first_byte: 1s, idle: 1s}")
-        .backend(Backend::at("ws0", &url).unchecked());
-    let proxy = Proxy::start(config).await;
-    let mut raw = Raw::connect(&proxy.url).await;
-    raw.send(
-        "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-    )
-    .await;
-    let head = read_head(&mut raw).await;
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let (proxy, mut raw) = open_tunnel(Some("{first_byte: 1s, idle: 1s}")).await;
     raw.send("a").await;
     assert_eq!(read_exactly(&mut raw, 1).await, b"A");
     // Silent past both timeouts: the tunnel is cut, and what the client reads after the
@@ -153,8 +155,5 @@ async fn a_tunnel_quiet_past_the_idle_timeout_is_closed_without_an_http_error_wr
         "bytes written into the tunnel: {:?}",
         String::from_utf8_lossy(&rest)
     );
-    eventually(Duration::from_secs(5), "the slot released", || async {
-        (backend_field(&proxy.status().await, "ws0", "outstanding") == 0).then_some(())
-    })
-    .await;
+    slot_released(&proxy).await;
 }
