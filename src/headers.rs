@@ -63,6 +63,14 @@ pub fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
     drop
 }
 
+/// Whether an answer to a client speaking `client` must lose its chunked coding: an HTTP/1.0
+/// (or 0.9) client does not know it, and a server must not send such a client
+/// `Transfer-Encoding` (RFC 9112 §6.1). Its body then goes as it is, ended by closing the
+/// connection, as nginx and HAProxy answer such a client.
+pub fn must_unchunk(client: http::Version, response: &HeaderMap) -> bool {
+    client < http::Version::HTTP_11 && response.contains_key(http::header::TRANSFER_ENCODING)
+}
+
 /// `X-Forwarded-For`, as gpulb writes it.
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 /// `X-Forwarded-Proto`, as gpulb writes it.
@@ -184,6 +192,17 @@ mod tests {
             );
         }
         m
+    }
+
+    #[test]
+    fn only_a_chunked_answer_to_an_http10_client_is_unchunked() {
+        let chunked = map(&[("transfer-encoding", "chunked")]);
+        let sized = map(&[("content-length", "5")]);
+        assert!(must_unchunk(http::Version::HTTP_10, &chunked));
+        assert!(must_unchunk(http::Version::HTTP_09, &chunked));
+        assert!(!must_unchunk(http::Version::HTTP_10, &sized));
+        assert!(!must_unchunk(http::Version::HTTP_11, &chunked));
+        assert!(!must_unchunk(http::Version::HTTP_2, &chunked));
     }
 
     fn names(headers: &HeaderMap) -> Vec<String> {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{start_fleet, start_workers, Config, Proxy, Req, WAIT};
+use common::{start_fleet, start_workers, Config, Proxy, Raw, Req, WAIT};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn now_ms() -> u64 {
@@ -144,5 +144,49 @@ async fn large_bodies_pass_both_ways() {
     let seen = resp.json();
     assert_eq!(seen["body_len"], big.len());
     assert_eq!(seen["body"].as_str().unwrap().len(), big.len());
+    proxy.wait_idle().await;
+}
+
+/// The head of a raw answer, lower-cased, and its body.
+fn head_and_body(text: &str) -> (String, &str) {
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole header");
+    (head.to_ascii_lowercase(), body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_client_gets_its_stream_unchunked_and_ended_by_the_close() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start(Config::fleet(&workers)).await;
+    let body = r#"{"model":"sim-model","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = |version: &str, connection: &str| {
+        format!(
+            "POST /v1/chat/completions {version}\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Connection: {connection}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // HTTP/1.1 (the control): chunked coding, as the backend sent it.
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(request("HTTP/1.1", "close")).await;
+    let answer = raw.answer().await;
+    let (head, chunked) = head_and_body(&answer.text);
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(!chunked.starts_with("data: "), "{chunked:?}");
+    // HTTP/1.0, even asking to keep the connection: no chunked coding (RFC 9112 §6.1); the
+    // events as the backend wrote them (five tokens and `[DONE]`), ended by the close the
+    // answer announces.
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send(request("HTTP/1.0", "keep-alive")).await;
+    let answer = raw.answer().await;
+    assert!(raw.closed_within(Duration::from_millis(200)).await);
+    let (head, events) = head_and_body(&answer.text);
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    assert!(events.starts_with("data: {"), "{events:?}");
+    assert!(events.ends_with("data: [DONE]\n\n"), "{events:?}");
+    assert_eq!(events.matches("data: ").count(), 6, "{events:?}");
     proxy.wait_idle().await;
 }

@@ -296,6 +296,11 @@ impl ProxyHttp for Gpulb {
         for name in headers::hop_by_hop(&upstream_response.headers) {
             upstream_response.remove_header(&name);
         }
+        if headers::must_unchunk(session.req_header().version, &upstream_response.headers) {
+            upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
+            // The body ends where the connection does; the answer says `Connection: close`.
+            session.set_keepalive(None);
+        }
         if let (Some(lease), Some(snap)) = (&ctx.lease, &ctx.snapshot) {
             let status = upstream_response.status;
             if status.is_server_error() {
