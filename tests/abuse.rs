@@ -254,8 +254,8 @@ async fn a_slow_reload_never_blocks_status_or_metrics_and_is_abandoned() {
 
 /// The JSON body of a raw answer.
 fn json_body(answer: &common::RawAnswer) -> Value {
-    let body = answer.text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {}", answer.text))
+    serde_json::from_str(answer.head_and_body().1)
+        .unwrap_or_else(|e| panic!("{e}: {}", answer.text))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

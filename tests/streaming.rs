@@ -147,12 +147,6 @@ async fn large_bodies_pass_both_ways() {
     proxy.wait_idle().await;
 }
 
-/// The head of a raw answer, lower-cased, and its body.
-fn head_and_body(text: &str) -> (String, &str) {
-    let (head, body) = text.split_once("\r\n\r\n").expect("a whole header");
-    (head.to_ascii_lowercase(), body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http10_client_gets_its_stream_unchunked_and_ended_by_the_close() {
     let workers = start_workers(1, |_| {}).await;
@@ -169,7 +163,7 @@ async fn an_http10_client_gets_its_stream_unchunked_and_ended_by_the_close() {
     let mut raw = Raw::connect(&proxy.url).await;
     raw.send(request("HTTP/1.1", "close")).await;
     let answer = raw.answer().await;
-    let (head, chunked) = head_and_body(&answer.text);
+    let (head, chunked) = answer.head_and_body();
     assert_eq!(answer.status, 200, "{}", answer.text);
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
     assert!(!chunked.starts_with("data: "), "{chunked:?}");
@@ -180,7 +174,7 @@ async fn an_http10_client_gets_its_stream_unchunked_and_ended_by_the_close() {
     raw.send(request("HTTP/1.0", "keep-alive")).await;
     let answer = raw.answer().await;
     assert!(raw.closed_within(Duration::from_millis(200)).await);
-    let (head, events) = head_and_body(&answer.text);
+    let (head, events) = answer.head_and_body();
     assert_eq!(answer.status, 200, "{}", answer.text);
     assert!(!head.contains("transfer-encoding"), "{head}");
     assert!(head.contains("connection: close"), "{head}");

@@ -19,6 +19,15 @@ pub struct RawAnswer {
     pub text: String,
 }
 
+impl RawAnswer {
+    /// The header, lower-cased, and the body after its blank line (none when no whole header
+    /// came).
+    pub fn head_and_body(&self) -> (String, &str) {
+        let (head, body) = self.text.split_once("\r\n\r\n").unwrap_or((&self.text, ""));
+        (head.to_ascii_lowercase(), body)
+    }
+}
+
 impl Raw {
     /// Connects to `url` (`http://127.0.0.1:PORT`).
     pub async fn connect(url: &str) -> Raw {
