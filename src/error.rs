@@ -42,6 +42,11 @@ pub enum ProxyError {
     /// The backend went silent for longer than the read timeout.
     #[error("backend {0} timed out")]
     UpstreamTimeout(String),
+    /// An upgraded connection (WebSocket) whose backend stayed silent past `timeouts.first_byte`
+    /// or `timeouts.idle`: closed, as nginx's `proxy_read_timeout` closes one. The `101` was the
+    /// answer, so nothing is written; a quiet tunnel is nobody's failure.
+    #[error("the upgraded connection to backend {0} was quiet past its timeout")]
+    TunnelIdle(String),
     /// The backend broke the exchange (reset, malformed response).
     #[error("backend {0} failed")]
     UpstreamFailed(String),
@@ -102,7 +107,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_)
             | ProxyError::UpstreamTls(_)
             | ProxyError::UpstreamFailed(_) => 502,
-            ProxyError::UpstreamTimeout(_) => 504,
+            ProxyError::UpstreamTimeout(_) | ProxyError::TunnelIdle(_) => 504,
             ProxyError::BadRequest(_)
             | ProxyError::InvalidBody(_)
             | ProxyError::ModelRequired(_) => 400,
@@ -124,6 +129,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTls(_) => "upstream_tls_failed",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::TunnelIdle(_) => "tunnel_idle",
             ProxyError::UpstreamFailed(_) => "upstream_failed",
             ProxyError::BadRequest(_) => "bad_request",
             ProxyError::InvalidBody(_) => "invalid_body",
@@ -198,12 +204,18 @@ impl ProxyError {
     /// The same error naming the backend by `name` (its configured name) instead of pingora's
     /// detail, which holds its address and may quote its raw bytes: what a client is shown.
     pub fn naming_backend(self, name: &str) -> ProxyError {
-        let name = format!("{name:?}");
+        self.with_backend_text(format!("{name:?}"))
+    }
+
+    /// The same error with `text` in place of the backend detail it carries (the variants
+    /// about a backend; others are returned as they are).
+    pub fn with_backend_text(self, text: String) -> ProxyError {
         match self {
-            ProxyError::UpstreamUnreachable(_) => ProxyError::UpstreamUnreachable(name),
-            ProxyError::UpstreamTls(_) => ProxyError::UpstreamTls(name),
-            ProxyError::UpstreamTimeout(_) => ProxyError::UpstreamTimeout(name),
-            ProxyError::UpstreamFailed(_) => ProxyError::UpstreamFailed(name),
+            ProxyError::UpstreamUnreachable(_) => ProxyError::UpstreamUnreachable(text),
+            ProxyError::UpstreamTls(_) => ProxyError::UpstreamTls(text),
+            ProxyError::UpstreamTimeout(_) => ProxyError::UpstreamTimeout(text),
+            ProxyError::TunnelIdle(_) => ProxyError::TunnelIdle(text),
+            ProxyError::UpstreamFailed(_) => ProxyError::UpstreamFailed(text),
             other => other,
         }
     }

@@ -71,6 +71,13 @@ pub fn must_unchunk(client: http::Version, response: &HeaderMap) -> bool {
     client < http::Version::HTTP_11 && response.contains_key(http::header::TRANSFER_ENCODING)
 }
 
+/// Whether an answer with `status` must carry no body framing: a server must not send
+/// `Content-Length` or `Transfer-Encoding` with a `1xx` or `204` (RFC 9110 §8.6, RFC 9112
+/// §6.1), which have no body; a backend that does gets them removed, as nginx removes them.
+pub fn framing_forbidden(status: http::StatusCode) -> bool {
+    status.is_informational() || status == http::StatusCode::NO_CONTENT
+}
+
 /// `X-Forwarded-For`, as gpulb writes it.
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 /// `X-Forwarded-Proto`, as gpulb writes it.
@@ -203,6 +210,22 @@ mod tests {
         assert!(!must_unchunk(http::Version::HTTP_10, &sized));
         assert!(!must_unchunk(http::Version::HTTP_11, &chunked));
         assert!(!must_unchunk(http::Version::HTTP_2, &chunked));
+    }
+
+    #[test]
+    fn only_bodiless_statuses_lose_their_framing() {
+        use http::StatusCode;
+        for status in [StatusCode::CONTINUE, StatusCode::from_u16(103).unwrap()] {
+            assert!(framing_forbidden(status), "{status}");
+        }
+        assert!(framing_forbidden(StatusCode::NO_CONTENT));
+        for status in [
+            StatusCode::OK,
+            StatusCode::NOT_MODIFIED,
+            StatusCode::RESET_CONTENT,
+        ] {
+            assert!(!framing_forbidden(status), "{status}");
+        }
     }
 
     fn names(headers: &HeaderMap) -> Vec<String> {

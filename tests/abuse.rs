@@ -317,29 +317,11 @@ async fn malformed_requests_get_400() {
     proxy.wait_idle().await;
 }
 
-/// A backend that answers every connection with bytes that are not HTTP.
-async fn garbage_backend() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
-                let _ = socket
-                    .write_all(b"SECRET-BACKEND-BYTES \x01\x02\r\n\r\n")
-                    .await;
-            });
-        }
-    });
-    format!("http://{addr}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_bodies_name_the_backend_never_its_address_or_bytes() {
     let workers = start_workers(1, |_| {}).await;
     workers[0].set_fault(gpulb::tools::sim::Fault::Hang);
-    let junk = garbage_backend().await;
+    let junk = common::canned_backend(b"SECRET-BACKEND-BYTES \x01\x02\r\n\r\n").await;
     let config = Config::new()
         .backend(common::Backend::of(&workers[0]).unchecked())
         .backend(common::Backend::at("junk", &junk).unchecked())

@@ -184,3 +184,26 @@ async fn an_http10_client_gets_its_stream_unchunked_and_ended_by_the_close() {
     assert_eq!(events.matches("data: ").count(), 6, "{events:?}");
     proxy.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_204_reaches_the_client_without_the_length_its_backend_gave_it() {
+    // RFC 9110 §8.6: no `Content-Length` (nor `Transfer-Encoding`) on a 204; the backend's
+    // stray one is removed, and no body follows the head.
+    let url = common::canned_backend(
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Kept: yes\r\n\r\n",
+    )
+    .await;
+    let proxy =
+        Proxy::start(Config::new().backend(common::Backend::at("b0", &url).unchecked())).await;
+    let mut raw = Raw::connect(&proxy.url).await;
+    raw.send("DELETE /v1/files/f1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    let answer = raw.answer().await;
+    let (head, body) = answer.head_and_body();
+    assert_eq!(answer.status, 204, "{}", answer.text);
+    assert!(head.contains("x-kept: yes"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert_eq!(body, "", "{}", answer.text);
+    proxy.wait_idle().await;
+}

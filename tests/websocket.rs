@@ -156,4 +156,13 @@ async fn a_tunnel_quiet_past_the_idle_timeout_is_closed_without_an_http_error_wr
         String::from_utf8_lossy(&rest)
     );
     slot_released(&proxy).await;
+    // Logged as what it was: the 101 answered, the tunnel then cut for its quietness, which
+    // is no client's stall (`body_timeout`) and no backend's failure.
+    let record = proxy.first_access_records(1).await.remove(0);
+    assert_eq!(record["status"], 101, "{record}");
+    assert_eq!(record["reason"], "tunnel_idle", "{record}");
+    assert_eq!(
+        backend_field(&proxy.status().await, "ws0", "consecutive_failures"),
+        0
+    );
 }

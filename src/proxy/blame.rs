@@ -1,6 +1,7 @@
 //! Whose fault a failed exchange was: a backend that went silent while the client had not
 //! finished sending its body was waiting on the client, so the client is answered 408 and the
-//! backend is not counted against (no outlier ejection for a client's stall).
+//! backend is not counted against (no outlier ejection for a client's stall). A tunnel (an
+//! upgraded connection) cut for its quietness is nobody's fault either.
 
 use crate::error::ProxyError;
 use crate::routing::Snapshot;
@@ -8,7 +9,8 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
 /// `failure` as the client should see it: a timeout on either side while the request body is
-/// still incomplete becomes `body_timeout` (408), never an upstream fault.
+/// still incomplete becomes `body_timeout` (408), never an upstream fault; after a `101`, the
+/// backend's silence is a quiet tunnel (`tunnel_idle`), whose client side never ends.
 pub fn client_or_backend(
     session: &mut Session,
     error: &Error,
@@ -18,7 +20,10 @@ pub fn client_or_backend(
     let client_body = snapshot.map_or_else(Default::default, |s| s.config.timeouts.client_body);
     let downstream_stalled =
         error.esource() == &ErrorSource::Downstream && error.etype() == &ErrorType::ReadTimedout;
+    let upgraded = super::respond::answer_written(session)
+        .is_some_and(|resp| resp.status == http::StatusCode::SWITCHING_PROTOCOLS);
     match failure {
+        Some(ProxyError::UpstreamTimeout(cause)) if upgraded => Some(ProxyError::TunnelIdle(cause)),
         None if downstream_stalled => Some(ProxyError::BodyTimeout(client_body)),
         Some(ProxyError::UpstreamTimeout(_)) if !session.as_downstream_mut().is_body_done() => {
             Some(ProxyError::BodyTimeout(client_body))

@@ -296,7 +296,10 @@ impl ProxyHttp for Gpulb {
         for name in headers::hop_by_hop(&upstream_response.headers) {
             upstream_response.remove_header(&name);
         }
-        if headers::must_unchunk(session.req_header().version, &upstream_response.headers) {
+        if headers::framing_forbidden(upstream_response.status) {
+            upstream_response.remove_header(&http::header::CONTENT_LENGTH);
+            upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
+        } else if headers::must_unchunk(session.req_header().version, &upstream_response.headers) {
             upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
             // The body ends where the connection does; the answer says `Connection: close`.
             session.set_keepalive(None);
@@ -392,8 +395,8 @@ impl ProxyHttp for Gpulb {
             .map_or("(none)", |b| b.state.name.as_str());
         let failure = failure.map(|f| match (f, expired) {
             // gpulb's own deadline: its cause, which holds no address, is worth saying.
-            (ProxyError::UpstreamTimeout(_), Some(expired)) => {
-                ProxyError::UpstreamTimeout(format!("{backend_name:?} ({expired})"))
+            (f @ (ProxyError::UpstreamTimeout(_) | ProxyError::TunnelIdle(_)), Some(expired)) => {
+                f.with_backend_text(format!("{backend_name:?} ({expired})"))
             }
             (f, _) => f.naming_backend(backend_name),
         });

@@ -13,7 +13,7 @@ mod tls;
 
 pub use config::{Backend, Class, Config, Pool};
 pub use proxy::{backend_field, class_field, metric, Proxy};
-pub use raw::{json_post, message_len, Raw, RawAnswer};
+pub use raw::{canned_backend, json_post, message_len, Raw, RawAnswer};
 pub use recording::{recording_backend, Received, ReceivedLog};
 pub use requests::{completion, served_by, worker_of, Answer, Req};
 pub use tls::{https_client, tls_connect, Issued, TestCa, TlsFront};

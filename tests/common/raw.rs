@@ -90,6 +90,23 @@ impl Raw {
     }
 }
 
+/// A backend on a free loopback port that answers the first read of every connection with
+/// `answer`, byte for byte, whatever it is (HTTP or not); its URL.
+pub async fn canned_backend(answer: &'static [u8]) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tokio::time::timeout(WAIT, socket.read(&mut buf)).await;
+                let _ = socket.write_all(answer).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
 /// A whole HTTP/1.1 `POST` of the JSON `body` to `path`, as bytes a raw client writes.
 pub fn json_post(path: &str, body: &str) -> String {
     format!(
