@@ -257,6 +257,51 @@ async fn history_grows_and_pages_by_seq() {
     assert!(later["samples"][0]["seq"].as_u64().unwrap() > last);
 }
 
+#[tokio::test]
+async fn reads_answer_head_and_a_method_an_endpoint_does_not_take_gets_405() {
+    let workers = start_workers(1, |_| {}).await;
+    let proxy = Proxy::start_with_token(Config::fleet(&workers), "s3cret").await;
+    let client = reqwest::Client::new();
+    let ask = |method: reqwest::Method, path: &str| {
+        client
+            .request(method, format!("{}{path}", proxy.admin))
+            .send()
+    };
+    // A load balancer's health check may send HEAD: the GET's status and headers, no body.
+    eventually(WAIT, "HEAD /readyz to answer 200", || async {
+        (ask(reqwest::Method::HEAD, "/readyz").await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    for path in ["/livez", "/status", "/metrics", "/history"] {
+        let answer = ask(reqwest::Method::HEAD, path).await.expect("HEAD");
+        assert_eq!(answer.status(), 200, "HEAD {path}");
+        assert!(answer.headers().contains_key("content-type"), "HEAD {path}");
+        assert!(answer.bytes().await.unwrap().is_empty(), "HEAD {path}");
+    }
+    // A known endpoint asked with a method it does not take: 405 naming what it takes, before
+    // (and so without counting) any token check.
+    for (method, path, allow) in [
+        (reqwest::Method::POST, "/status", "GET, HEAD"),
+        (reqwest::Method::DELETE, "/metrics", "GET, HEAD"),
+        (reqwest::Method::GET, "/reload", "POST"),
+    ] {
+        let answer = ask(method.clone(), path).await.expect("request");
+        assert_eq!(answer.status(), 405, "{method} {path}");
+        assert_eq!(answer.headers()["allow"], allow, "{method} {path}");
+        let error: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "method_not_allowed", "{error}");
+    }
+    let text = scrape(&proxy).await;
+    assert_eq!(value(&text, "gpulb_admin_auth_failures_total"), Some(0.0));
+    // A `since` that is not a sample number is refused, not read as "everything".
+    for since in ["abc", "-1", "99999999999999999999"] {
+        let answer = ask(reqwest::Method::GET, &format!("/history?since={since}"))
+            .await
+            .expect("history");
+        assert_eq!(answer.status(), 400, "since={since}");
+    }
+}
+
 /// Request-path metrics: these pass once the proxy calls `Metrics::request_finished`,
 /// `Metrics::queue_wait` and `Metrics::shed` (see the metrics module).
 #[tokio::test]

@@ -9,6 +9,7 @@
 pub mod auth;
 mod exposition;
 pub mod history;
+mod routes;
 
 pub use exposition::Exposition;
 
@@ -20,9 +21,10 @@ use crate::view::{FleetView, STATUS_LATENCY_SPAN_S};
 use async_trait::async_trait;
 use auth::Access;
 use history::History;
-use http::{Method, Response, StatusCode};
+use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
+use routes::Endpoint;
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -154,9 +156,21 @@ impl AdminApp {
         let since = query
             .into_iter()
             .flat_map(|q| q.split('&'))
-            .find_map(|kv| kv.strip_prefix("since="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+            .find_map(|kv| kv.strip_prefix("since="));
+        let since = match since.map(str::parse) {
+            None => 0,
+            Some(Ok(seq)) => seq,
+            Some(Err(_)) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    &format!(
+                        "since={:?}: expected a sample's seq, a whole number from 0",
+                        since.unwrap_or_default()
+                    ),
+                )
+            }
+        };
         let bytes = serde_json::to_vec(&self.history.since(since)).unwrap_or_default();
         body(StatusCode::OK, "application/json", bytes)
     }
@@ -195,6 +209,19 @@ impl ServeHttp for AdminApp {
             .headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
+        let endpoint = Endpoint::at(&path);
+        if let Some(endpoint) = endpoint.filter(|e| !e.answers(&method)) {
+            let mut answer = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                &format!("{path} answers {}", endpoint.allow()),
+            );
+            answer.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static(endpoint.allow()),
+            );
+            return answer;
+        }
         let access = auth::decide(
             &method,
             &path,
@@ -216,25 +243,25 @@ impl ServeHttp for AdminApp {
                 return error(StatusCode::UNAUTHORIZED, "unauthorized", "unauthorized");
             }
         }
-        match (method, path.as_str()) {
-            (Method::GET, "/livez") => json(StatusCode::OK, &serde_json::json!({"status": "live"})),
-            (Method::GET, "/readyz") => self.readiness(),
-            (Method::GET, "/metrics") => self.metrics(),
-            (Method::GET, "/status") => self.status(),
-            (Method::GET, "/history") => self.history(query.as_deref()),
-            (Method::GET, "/dashboard") => body(
+        match endpoint {
+            Some(Endpoint::Livez) => json(StatusCode::OK, &serde_json::json!({"status": "live"})),
+            Some(Endpoint::Readyz) => self.readiness(),
+            Some(Endpoint::Metrics) => self.metrics(),
+            Some(Endpoint::Status) => self.status(),
+            Some(Endpoint::History) => self.history(query.as_deref()),
+            Some(Endpoint::Dashboard) => body(
                 StatusCode::OK,
                 "text/html; charset=utf-8",
                 DASHBOARD.as_bytes().to_vec(),
             ),
-            (Method::GET, "/") => Response::builder()
+            Some(Endpoint::Root) => Response::builder()
                 .status(StatusCode::FOUND)
                 .header("location", "/dashboard")
                 .header("content-length", 0)
                 .body(Vec::new())
                 .unwrap_or_default(),
-            (Method::POST, "/reload") => self.reload().await,
-            _ => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+            Some(Endpoint::Reload) => self.reload().await,
+            None => error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
         }
     }
 }

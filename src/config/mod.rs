@@ -325,9 +325,10 @@ impl Config {
         let deserializer = serde_yaml::Deserializer::from_str(text);
         let mut config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner();
-            if path == "." || path.is_empty() {
-                LoadError::Parse(inner.to_string())
+            let inner = e.into_inner().to_string();
+            // serde_yaml names the path itself for some errors (a value of the wrong type).
+            if path == "." || path.is_empty() || inner.starts_with(&format!("{path}: ")) {
+                LoadError::Parse(inner)
             } else {
                 LoadError::Parse(format!("{path}: {inner}"))
             }

@@ -68,6 +68,25 @@ fn unknown_key_is_an_error_naming_its_path() {
 }
 
 #[test]
+fn a_value_of_the_wrong_type_names_its_path_once() {
+    for (yaml, path) in [
+        (
+            "backends:\n  - {name: a, url: \"http://127.0.0.1:1\", max_outstanding: -3}\n",
+            "backends[0].max_outstanding",
+        ),
+        (
+            "listen: 127.0.0.1:99999\nbackends:\n  - {name: a, url: \"http://127.0.0.1:1\"}\n",
+            "listen",
+        ),
+    ] {
+        let errors = errors_of(yaml);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with(&format!("{path}: ")), "{errors:?}");
+        assert_eq!(errors[0].matches(path).count(), 1, "{errors:?}");
+    }
+}
+
+#[test]
 fn bad_duration_names_the_field() {
     let yaml = format!("{MINIMAL}timeouts:\n  read: 5\n");
     let errors = errors_of(&yaml);
