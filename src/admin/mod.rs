@@ -157,17 +157,14 @@ impl AdminApp {
             .into_iter()
             .flat_map(|q| q.split('&'))
             .find_map(|kv| kv.strip_prefix("since="));
-        let since = match since.map(str::parse) {
+        let since = match since.map(|v| (v, v.parse())) {
             None => 0,
-            Some(Ok(seq)) => seq,
-            Some(Err(_)) => {
+            Some((_, Ok(seq))) => seq,
+            Some((v, Err(_))) => {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
-                    &format!(
-                        "since={:?}: expected a sample's seq, a whole number from 0",
-                        since.unwrap_or_default()
-                    ),
+                    &format!("since={v:?}: expected a sample's seq, a whole number from 0"),
                 )
             }
         };

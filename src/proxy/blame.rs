@@ -20,8 +20,7 @@ pub fn client_or_backend(
     let client_body = snapshot.map_or_else(Default::default, |s| s.config.timeouts.client_body);
     let downstream_stalled =
         error.esource() == &ErrorSource::Downstream && error.etype() == &ErrorType::ReadTimedout;
-    let upgraded = super::respond::answer_written(session)
-        .is_some_and(|resp| resp.status == http::StatusCode::SWITCHING_PROTOCOLS);
+    let upgraded = session.as_downstream().was_upgraded();
     match failure {
         Some(ProxyError::UpstreamTimeout(cause)) if upgraded => Some(ProxyError::TunnelIdle(cause)),
         None if downstream_stalled => Some(ProxyError::BodyTimeout(client_body)),
